@@ -1,0 +1,182 @@
+"""MLflow plumbing shared by pre-training, fine-tuning, sweeps and the report.
+
+One place decides where runs go (an embedded SQLite store under the outputs folder unless
+`MLFLOW_TRACKING_URI` says otherwise), what a run's identity is (`config_hash`: the hash of the resolved
+config without the settings that only change speed or bookkeeping, so a finished run is found and never
+recomputed), and how metrics are written (buffered and sent with `log_batch`: one SQLite write costs ~8 ms).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import mlflow
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig, OmegaConf
+
+# Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
+# "impl" group): they are left out of the run identity.
+IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep")
+TRAINER_IDENTITY_EXCLUDE = (
+    "accelerator",
+    "devices",
+    "strategy",
+    "num_nodes",
+    "enable_progress_bar",
+    "log_every_n_steps",
+    "checkpoint_every_n_steps",
+)
+
+# Tag names that the report and the sweep runner read.
+TAG_KIND = "kind"  # pretrain | finetune
+TAG_CONFIG_HASH = "config_hash"
+TAG_SWEEP = "sweep"
+TAG_VARIANT = "variant"
+TAG_CHECKPOINT = "checkpoint_path"
+TAG_PRETRAIN_RUN = "pretrain_run_id"
+
+
+def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
+    """`MLFLOW_TRACKING_URI` wins, then the config's value; the parent folder of a SQLite file is created."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg_uri or "sqlite:///outputs/mlflow.db"
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///") :]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
+    uri = resolve_tracking_uri(tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(experiment) is None:
+        try:
+            client.create_experiment(experiment)
+        except mlflow.exceptions.MlflowException:
+            pass  # created concurrently by another job of the same sweep
+    return client
+
+
+def identity(cfg: DictConfig) -> dict:
+    """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    assert isinstance(container, dict)
+    out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
+    if isinstance(out.get("trainer"), dict):
+        out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in TRAINER_IDENTITY_EXCLUDE}
+    return out
+
+
+def config_hash(cfg: DictConfig | Mapping) -> str:
+    data = identity(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def find_finished_run(client: MlflowClient, experiment: str, cfg_hash: str):
+    """The newest FINISHED run with this config hash, or None."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}' and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def flatten(d: Mapping, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]  # MLflow's param value limit
+    return out
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class RunLogger:
+    """One MLflow run: params and tags up front, metrics buffered and flushed in batches."""
+
+    def __init__(self, client: MlflowClient, run_id: str, flush_every: int = 200):
+        self.client = client
+        self.run_id = run_id
+        self.flush_every = flush_every
+        self._buffer: list[Metric] = []
+
+    @classmethod
+    def start(
+        cls,
+        client: MlflowClient,
+        experiment: str,
+        run_name: str,
+        tags: Mapping[str, str],
+        params: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None,
+    ) -> RunLogger:
+        exp = client.get_experiment_by_name(experiment)
+        all_tags = {k: str(v) for k, v in tags.items()}
+        all_tags["mlflow.runName"] = run_name
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = client.create_run(exp.experiment_id, run_name=run_name, tags=all_tags)
+        logger = cls(client, run.info.run_id)
+        if params:
+            items = [Param(k, v) for k, v in params.items()]
+            for i in range(0, len(items), 100):  # log_batch accepts at most 100 params per call
+                client.log_batch(run.info.run_id, params=items[i : i + 100])
+        return logger
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        ts = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), ts, int(step)) for k, v in metrics.items())
+        if len(self._buffer) >= self.flush_every:
+            self.flush()
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def flush(self) -> None:
+        while self._buffer:
+            chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
+            self.client.log_batch(self.run_id, metrics=chunk)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.flush()
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -> "pandas.DataFrame":  # noqa: F821
+    """All runs of an experiment as a pandas frame (params.*, metrics.*, tags.* columns)."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        import pandas as pd
+
+        return pd.DataFrame()
+    mlflow.set_tracking_uri(client.tracking_uri)
+    return mlflow.search_runs([exp.experiment_id], filter_string=filter_string, output_format="pandas")
