@@ -46,8 +46,11 @@ class EncoderConfig:
     def scaled(self, hidden_multiplier: float, layer_multiplier: float = 1.0) -> EncoderConfig:
         """A generator's config: a fraction of this (discriminator) config.
 
-        Heads = max(1, hidden // 64) and FFN = 4 x hidden, as in the reference `get_generator_config`.
+        Heads = max(1, hidden // 64) and FFN = 4 x hidden, as in the reference `get_generator_config`;
+        multipliers of 1 give exactly this config (what sharing=all needs).
         """
+        if hidden_multiplier == 1 and layer_multiplier == 1:
+            return self
         hidden = max(1, int(round(self.hidden_size * hidden_multiplier)))
         heads = max(1, hidden // 64)
         while hidden % heads:  # keep heads a divisor of hidden for odd fractions

@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import mlflow
+import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
 # Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
 # "impl" group): they are left out of the run identity.
-IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep")
+IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep", "run_name")
 TRAINER_IDENTITY_EXCLUDE = (
     "accelerator",
     "devices",
@@ -44,20 +45,30 @@ TAG_PRETRAIN_RUN = "pretrain_run_id"
 
 
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
-    """`MLFLOW_TRACKING_URI` wins, then the config's value; the parent folder of a SQLite file is created."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or cfg_uri or "sqlite:///outputs/mlflow.db"
+    """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else that variable, else
+    `sqlite:///outputs/mlflow.db`; the parent folder of a SQLite file is created."""
+    uri = cfg_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).expanduser().parent.mkdir(parents=True, exist_ok=True)
     return uri
 
 
+def artifact_root(uri: str) -> str | None:
+    """Artifacts of an embedded SQLite store go beside the database, not into ./mlruns of the cwd."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///") :]).expanduser().resolve().parent / "mlartifacts").as_uri()
+    return None  # a tracking server decides
+
+
 def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
+    # Never mlflow.set_tracking_uri(): it exports MLFLOW_TRACKING_URI, which would leak into later runs of
+    # the same process (a multirun) that name another store.
     uri = resolve_tracking_uri(tracking_uri)
-    mlflow.set_tracking_uri(uri)
     client = MlflowClient(uri)
     if client.get_experiment_by_name(experiment) is None:
+        root = artifact_root(uri)
         try:
-            client.create_experiment(experiment)
+            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None)
         except mlflow.exceptions.MlflowException:
             pass  # created concurrently by another job of the same sweep
     return client
@@ -171,12 +182,22 @@ class RunLogger:
         self.client.set_terminated(self.run_id, status=status)
 
 
-def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -> "pandas.DataFrame":  # noqa: F821
-    """All runs of an experiment as a pandas frame (params.*, metrics.*, tags.* columns)."""
+def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -> pd.DataFrame:
+    """All runs of an experiment as a pandas frame: run_id, status, start_time, end_time and
+    `params.*`, `metrics.*` (latest value), `tags.*` columns."""
     exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        import pandas as pd
-
-        return pd.DataFrame()
-    mlflow.set_tracking_uri(client.tracking_uri)
-    return mlflow.search_runs([exp.experiment_id], filter_string=filter_string, output_format="pandas")
+    rows: list[dict] = []
+    token = None
+    while exp is not None:
+        page = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        for r in page:
+            row = {"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
+                   "end_time": r.info.end_time}
+            row.update({f"params.{k}": v for k, v in r.data.params.items()})
+            row.update({f"metrics.{k}": v for k, v in r.data.metrics.items()})
+            row.update({f"tags.{k}": v for k, v in r.data.tags.items()})
+            rows.append(row)
+        token = page.token
+        if not token:
+            break
+    return pd.DataFrame(rows)

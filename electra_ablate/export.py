@@ -1,0 +1,98 @@
+"""Command line: export a pre-training run (or a pre-trained directory) as Hugging Face transformers models.
+
+    python -m electra_ablate.export <MLflow run id | pre-trained dir> <out dir> [--step N] [--overwrite]
+        [--tracking-uri URI]
+
+A run id is resolved through MLflow: the run's `checkpoint_path` tag (its final checkpoint) or, with
+`--step`, the directory its `checkpoints` tag lists for that step. The store is `--tracking-uri`, else
+`MLFLOW_TRACKING_URI`, else `sqlite:///outputs/mlflow.db`. What gets written is decided in
+`electra_ablate.hf.export_pretrained`: `discriminator/` or `mlm/` (plus `copy_gate/` for All-Tokens MLM)
+and `generator/`, each loadable with `from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+
+from electra_ablate.hf import HFInteropError, export_pretrained
+from electra_ablate.tracking import TAG_CHECKPOINT, TAG_KIND, TAG_PRETRAIN_RUN
+
+DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
+TAG_CHECKPOINTS = "checkpoints"  # JSON {step: dir}, written by pre-training
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def checkpoint_of_run(run_id: str, tracking_uri: str | None = None, step: int | None = None) -> Path:
+    """The pre-trained directory an MLflow pre-training run recorded (final, or the one at `step`)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).expanduser().is_file():
+        raise HFInteropError(f"no MLflow store at {uri}; pass --tracking-uri or set MLFLOW_TRACKING_URI")
+    try:
+        tags = MlflowClient(uri).get_run(run_id).data.tags
+    except MlflowException as e:
+        raise HFInteropError(f"MLflow run {run_id} not found in {uri}; check the id or --tracking-uri") from e
+    if tags.get(TAG_KIND) == "finetune":
+        raise HFInteropError(
+            f"run {run_id} is a fine-tuning run; export its pre-training run {tags.get(TAG_PRETRAIN_RUN, '(unknown)')}"
+        )
+    if step is None:
+        path = tags.get(TAG_CHECKPOINT)
+        if not path:
+            raise HFInteropError(
+                f"run {run_id} has no {TAG_CHECKPOINT!r} tag: it is not a finished pre-training run "
+                "(pass a pre-trained directory instead, e.g. <run dir>/pretrained/step_<N>)"
+            )
+        return Path(path)
+    checkpoints = json.loads(tags.get(TAG_CHECKPOINTS, "{}"))
+    if str(step) not in checkpoints:
+        raise HFInteropError(
+            f"run {run_id} has no checkpoint at step {step}; its steps: {sorted(map(int, checkpoints))}"
+        )
+    return Path(checkpoints[str(step)])
+
+
+def resolve_source(source: str, tracking_uri: str | None = None, step: int | None = None) -> Path:
+    """A pre-trained directory as given, or the one an MLflow run id points to."""
+    path = Path(source).expanduser()
+    if path.exists():
+        if step is not None:
+            raise HFInteropError(
+                "--step picks a checkpoint of an MLflow run; for a directory, pass that checkpoint's directory"
+            )
+        return path
+    if not RUN_ID.fullmatch(source):
+        raise HFInteropError(
+            f"{source!r} is neither an existing pre-trained directory nor an MLflow run id (32 hex characters)"
+        )
+    return checkpoint_of_run(source, tracking_uri, step)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    parser = argparse.ArgumentParser(
+        prog="python -m electra_ablate.export", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("source", help="MLflow pre-training run id, or a pre-trained directory (<run>/pretrained/...)")
+    parser.add_argument("out", type=Path, help="output directory (one sub-directory per exported network)")
+    parser.add_argument(
+        "--tracking-uri", help=f"MLflow store (default: $MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI})"
+    )
+    parser.add_argument("--step", type=int, help="export the run's checkpoint at this step instead of the final one")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
+    args = parser.parse_args(argv)
+    directory = resolve_source(args.source, args.tracking_uri, args.step)
+    written = export_pretrained(directory, args.out, overwrite=args.overwrite)
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return written
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""All-Tokens MLM (paper section 3.3): replace-MLM inputs, and the model predicts every token's identity.
+
+With the paper's copy mechanism: a sigmoid copy probability D_t per position (the `discriminator_predictions`
+head) and p(x_t) = D_t * 1[x_t = input_t] + (1 - D_t) * softmax(...)[x_t]; the loss is -log p over all
+non-pad tokens. Computed in log space: log p = logaddexp(log D, log(1-D) + log q) where the input equals the
+target, and log(1-D) + log q elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from electra_ablate.model import Networks
+from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, ratio
+
+
+def copy_log_prob(copy_logit: torch.Tensor, log_q: torch.Tensor, is_copy: torch.Tensor) -> torch.Tensor:
+    """log p(target) under the copy mixture; all arguments (N,)."""
+    log_d = F.logsigmoid(copy_logit)
+    log_not_d = F.logsigmoid(-copy_logit)
+    return torch.where(is_copy, torch.logaddexp(log_d, log_not_d + log_q), log_not_d + log_q)
+
+
+def copy_distribution(copy_logit: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """The full (N, V) output distribution p(x) -- for checks; training only needs the target's log p."""
+    d = torch.sigmoid(copy_logit.float())[:, None]
+    return d * F.one_hot(input_ids, logits.shape[-1]).float() + (1 - d) * torch.softmax(logits.float(), -1)
+
+
+class AllTokensMLM(GeneratorObjective):
+    model_heads = {"mlm_head": True, "disc_head": True}
+
+    def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
+        fake = self.corrupt(batch, nets.generator)
+        positions = batch.attention_mask.bool()  # every non-pad token
+        hidden = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)
+        h = hidden[positions]  # (N, H)
+        logits = nets.model.mlm_logits(h).float()  # (N, V)
+        copy_logit = nets.model.disc_logits(h).float()  # (N,)
+        targets = batch.input_ids[positions]
+        log_q = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
+        is_copy = fake.input_ids[positions] == targets
+        model_loss = -copy_log_prob(copy_logit, log_q, is_copy).mean()
+        loss = model_loss if fake.gen_loss is None else model_loss + self.gen_weight * fake.gen_loss
+        selected = fake.masked.selected[positions]
+        with torch.no_grad():
+            # The model's prediction: copy the input if D > 1/2, else the MLM argmax (accuracy at selected positions).
+            pred = torch.where(copy_logit > 0, fake.input_ids[positions], logits.argmax(-1))
+        gen = self.generator_sums(fake, batch)
+        sums = {
+            "loss": ratio(loss, 1),
+            "mlm_loss": ratio(model_loss, 1),
+            "masked_lm_accuracy": ratio(((pred == targets) & selected).sum(), selected.sum()),
+            "gen_masked_lm_accuracy": gen["masked_lm_accuracy"],
+            "sampled_masked_lm_accuracy": gen["sampled_masked_lm_accuracy"],
+            "replaced_fraction": ratio(fake.replaced.sum(), positions.sum()),
+        }
+        if fake.gen_loss is not None:
+            sums["gen_loss"] = ratio(fake.gen_loss, 1)
+        return ObjectiveOutput(loss, sums)

@@ -1,0 +1,227 @@
+"""Pieces every pre-training objective shares: masking, sampling, the MLM and RTD losses, and the output type.
+
+Masking follows google-research/electra `pretrain_helpers.mask`: a fixed share of the non-special tokens of
+each sequence (round(mask_prob x n), at least 1) is selected; selected tokens become [MASK] with probability
+`mask_token_prob`, a uniformly random token with probability `random_token_prob`, and stay unchanged
+otherwise. Labels: -100 = ignored; discriminator 1 = replaced.
+
+Metrics are returned as (sum, count) pairs so the training system can add them up on the device over a
+logging window and divide once, with no host-device synchronisation per step.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from electra_ablate.model import Networks
+
+IGNORE = -100
+
+
+class Batch(NamedTuple):
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) 1 = token, 0 = pad
+    token_type_ids: torch.Tensor  # (B, T)
+
+
+class SpecialIds(NamedTuple):
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+
+
+class Masked(NamedTuple):
+    input_ids: torch.Tensor  # (B, T) corrupted input
+    selected: torch.Tensor  # (B, T) bool: positions chosen for prediction
+    labels: torch.Tensor  # (B, T) original id at selected positions, IGNORE elsewhere
+
+
+class ObjectiveOutput(NamedTuple):
+    loss: torch.Tensor  # scalar, what the optimizer minimises
+    sums: dict[str, torch.Tensor]  # name -> (2,) tensor [sum, count], detached
+    disc_probs: torch.Tensor | None = None  # (N,) replaced-token probabilities, for disc_auc
+    disc_labels: torch.Tensor | None = None  # (N,) 0/1 labels
+
+
+def ratio(num: torch.Tensor, den: torch.Tensor | int | float) -> torch.Tensor:
+    """A (2,) [sum, count] pair, detached and in fp32."""
+    den = torch.as_tensor(den, dtype=torch.float32, device=num.device)
+    return torch.stack([num.detach().float().sum(), den])
+
+
+def maskable(input_ids: torch.Tensor, special: SpecialIds) -> torch.Tensor:
+    """(B, T) bool: tokens that may be selected -- never [CLS], [SEP] or [PAD] (reference `_get_candidates_mask`)."""
+    return (input_ids != special.cls) & (input_ids != special.sep) & (input_ids != special.pad)
+
+
+def select_positions(candidates: torch.Tensor, mask_prob: float) -> torch.Tensor:
+    """Choose round(mask_prob x #candidates) (at least one) positions per row uniformly at random."""
+    n = candidates.sum(dim=1, keepdim=True)  # (B, 1)
+    k = torch.clamp(torch.round(n.float() * mask_prob), min=1).long()
+    k = torch.minimum(k, n)
+    scores = torch.rand(candidates.shape, device=candidates.device)
+    scores.masked_fill_(~candidates, 2.0)  # non-candidates sort last
+    rank = scores.argsort(dim=1).argsort(dim=1)  # (B, T) rank of each position
+    return rank < k
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    special: SpecialIds,
+    vocab_size: int,
+    mask_prob: float,
+    mask_token_prob: float,
+    random_token_prob: float,
+) -> Masked:
+    selected = select_positions(maskable(input_ids, special), mask_prob)
+    r = torch.rand(input_ids.shape, device=input_ids.device)
+    to_mask = selected & (r < mask_token_prob)
+    to_random = selected & (r >= mask_token_prob) & (r < mask_token_prob + random_token_prob)
+    corrupted = input_ids.masked_fill(to_mask, special.mask)
+    if random_token_prob > 0:
+        random_ids = torch.randint(0, vocab_size, input_ids.shape, device=input_ids.device)
+        corrupted = torch.where(to_random, random_ids, corrupted)
+    labels = input_ids.masked_fill(~selected, IGNORE)
+    return Masked(corrupted, selected, labels)
+
+
+@torch.no_grad()
+def sample_tokens(logits: torch.Tensor, temperature: float = 1.0, method: str = "gumbel") -> torch.Tensor:
+    """Draw one token per row from softmax(logits / temperature), in fp32, with no gradient.
+
+    `gumbel` is the reference's Gumbel-max (`pretrain_helpers.sample_from_softmax`): V uniforms per row.
+    `inverse_cdf` draws the same distribution from one uniform per row (softmax, cumulative sum, search).
+    """
+    logits = logits.float() / temperature  # (N, V)
+    if method == "gumbel":
+        u = torch.rand_like(logits)
+        return torch.argmax(logits - torch.log(-torch.log(u + 1e-9) + 1e-9), dim=-1)
+    if method == "inverse_cdf":
+        cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)  # (N, V)
+        u = torch.rand(cdf.shape[0], 1, device=cdf.device) * cdf[:, -1:]
+        return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+    raise ValueError(f"unknown sampler {method!r}; valid: gumbel, inverse_cdf (runtime.sampler)")
+
+
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the given (N, V) logits and (N,) targets, computed in fp32."""
+    return F.cross_entropy(logits.float(), targets)
+
+
+def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Sigmoid cross-entropy averaged over the positions where `weights` is true (reference `_get_discriminator_output`)."""
+    w = weights.float()
+    losses = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+    return (losses * w).sum() / (w.sum() + 1e-6)
+
+
+def disc_sums(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Accuracy, precision, recall and replaced fraction of the discriminator as (sum, count) pairs."""
+    w = weights
+    pred = (logits > 0) & w
+    lab = labels.bool() & w
+    tp = (pred & lab).sum()
+    return {
+        "disc_accuracy": ratio(((pred == lab) & w).sum(), w.sum()),
+        "disc_precision": ratio(tp, pred.sum()),
+        "disc_recall": ratio(tp, lab.sum()),
+        "replaced_fraction": ratio(lab.sum(), w.sum()),
+    }
+
+
+class Objective(nn.Module):
+    """Turns a batch and the networks it is given into a loss and metrics. Subclasses are one small file each.
+
+    Class attributes say what the objective needs, so the training system never branches on its name:
+    `needs_generator`, and the heads of the network that gets pre-trained and then fine-tuned.
+    Subclasses define `forward(batch: Batch, nets: Networks) -> ObjectiveOutput`.
+    """
+
+    needs_generator: ClassVar[bool] = False
+    model_heads: ClassVar[dict[str, bool]] = {"mlm_head": True}
+
+    def __init__(
+        self,
+        name: str,
+        special: SpecialIds,
+        vocab_size: int,
+        mask_prob: float = 0.15,
+        mask_token_prob: float = 0.85,
+        random_token_prob: float = 0.0,
+        sampler: str = "gumbel",
+    ):
+        super().__init__()
+        assert 0 < mask_prob < 1, f"mask_prob={mask_prob} must be in (0, 1)"
+        assert 0 <= mask_token_prob + random_token_prob <= 1, "mask_token_prob + random_token_prob must be <= 1"
+        self.name = name
+        self.special = special
+        self.vocab_size = vocab_size
+        self.mask_prob = mask_prob
+        self.mask_token_prob = mask_token_prob
+        self.random_token_prob = random_token_prob
+        self.sampler = sampler
+
+    def mask(self, batch: Batch) -> Masked:
+        return mask_tokens(
+            batch.input_ids, self.special, self.vocab_size, self.mask_prob, self.mask_token_prob, self.random_token_prob
+        )
+
+
+class Fake(NamedTuple):
+    """A batch corrupted by the generator (paper section 2, x^corrupt)."""
+
+    masked: Masked  # the generator's input and the selected positions
+    gen_loss: torch.Tensor | None  # generator MLM loss at the selected positions (None: nothing to train)
+    gen_correct: torch.Tensor  # (N,) bool, generator argmax == original
+    sampled: torch.Tensor  # (N,) sampled ids at the selected positions, row-major
+    input_ids: torch.Tensor  # (B, T) the selected positions filled with samples
+    replaced: torch.Tensor  # (B, T) bool, 1 only where the sample differs from the original
+
+
+class GeneratorObjective(Objective):
+    """An objective whose corrupted input comes from a generator: electra, electra_15, replace_mlm, all_tokens_mlm."""
+
+    needs_generator = True
+
+    def __init__(
+        self,
+        name: str,
+        special: SpecialIds,
+        vocab_size: int,
+        mask_prob: float = 0.15,
+        mask_token_prob: float = 0.85,
+        random_token_prob: float = 0.0,
+        sampler: str = "gumbel",
+        temperature: float = 1.0,
+        gen_weight: float = 1.0,
+    ):
+        super().__init__(name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler)
+        assert temperature > 0, f"temperature={temperature} must be > 0"
+        self.temperature = temperature
+        self.gen_weight = gen_weight
+
+    def corrupt(self, batch: Batch, generator: nn.Module) -> Fake:
+        masked = self.mask(batch)
+        targets = batch.input_ids[masked.selected]  # (N,)
+        logits = generator.masked_logits(masked.input_ids, batch.attention_mask, batch.token_type_ids, masked.selected)
+        gen_loss = mlm_loss(logits, targets) if generator.trainable else None
+        # Samples carry no gradient: the generator is trained by MLM only (paper section 2).
+        sampled = sample_tokens(logits.detach(), self.temperature, self.sampler)
+        fake_ids = batch.input_ids.masked_scatter(masked.selected, sampled)
+        # A sample equal to the original is labelled original (paper section 2; reference `_get_fake_data`).
+        replaced = fake_ids != batch.input_ids
+        return Fake(masked, gen_loss, logits.detach().argmax(-1) == targets, sampled, fake_ids, replaced)
+
+    def generator_sums(self, fake: Fake, batch: Batch) -> dict[str, torch.Tensor]:
+        n = fake.sampled.numel()
+        targets = batch.input_ids[fake.masked.selected]
+        return {
+            "masked_lm_accuracy": ratio(fake.gen_correct.sum(), n),
+            "sampled_masked_lm_accuracy": ratio((fake.sampled == targets).sum(), n),
+        }

@@ -1,0 +1,24 @@
+"""BERT's masked language modelling (Devlin et al. 2019), the paper's baseline: no generator.
+
+15% of tokens selected; of those 80% [MASK], 10% a random token, 10% unchanged; cross-entropy on the
+selected positions only.
+"""
+
+from __future__ import annotations
+
+from electra_ablate.model import Networks
+from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, mlm_loss, ratio
+
+
+class Bert(Objective):
+    def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
+        masked = self.mask(batch)
+        hidden = nets.model(masked.input_ids, batch.attention_mask, batch.token_type_ids)
+        logits = nets.model.mlm_logits(hidden[masked.selected])  # (N, V): masked positions only
+        targets = batch.input_ids[masked.selected]
+        loss = mlm_loss(logits, targets)
+        correct = (logits.detach().argmax(-1) == targets).sum()
+        return ObjectiveOutput(
+            loss,
+            {"loss": ratio(loss, 1), "mlm_loss": ratio(loss, 1), "masked_lm_accuracy": ratio(correct, targets.numel())},
+        )

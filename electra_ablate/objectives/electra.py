@@ -1,0 +1,61 @@
+"""ELECTRA's replaced token detection (Clark et al. 2020, section 2).
+
+The generator is trained with MLM on the selected positions; its samples replace those tokens; the
+discriminator predicts for every non-pad token whether it was replaced. Loss = gen_weight x MLM +
+disc_weight x disc, with lambda = disc_weight = 50 (paper section 2 / reference `disc_weight`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from electra_ablate.model import Networks
+from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, SpecialIds, disc_sums, ratio, rtd_loss
+
+
+class Electra(GeneratorObjective):
+    model_heads = {"disc_head": True}
+
+    def __init__(
+        self,
+        name: str,
+        special: SpecialIds,
+        vocab_size: int,
+        mask_prob: float = 0.15,
+        mask_token_prob: float = 0.85,
+        random_token_prob: float = 0.0,
+        sampler: str = "gumbel",
+        temperature: float = 1.0,
+        gen_weight: float = 1.0,
+        disc_weight: float = 50.0,
+    ):
+        super().__init__(
+            name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler, temperature, gen_weight
+        )
+        self.disc_weight = disc_weight
+
+    def disc_weights(self, batch: Batch, fake: Fake) -> torch.Tensor:
+        """(B, T) bool: where the discriminator loss applies -- every non-pad token ([CLS]/[SEP] included, as
+        the reference weights by `input_mask`)."""
+        return batch.attention_mask.bool()
+
+    def combine(self, gen_loss: torch.Tensor | None, disc_loss: torch.Tensor) -> torch.Tensor:
+        loss = self.disc_weight * disc_loss
+        return loss if gen_loss is None else loss + self.gen_weight * gen_loss
+
+    def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
+        fake = self.corrupt(batch, nets.generator)
+        hidden = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)
+        logits = nets.model.disc_logits(hidden)  # (B, T)
+        weights = self.disc_weights(batch, fake)
+        disc_loss = rtd_loss(logits, fake.replaced, weights)
+        loss = self.combine(fake.gen_loss, disc_loss)
+        sums = {
+            "loss": ratio(loss, 1),
+            "disc_loss": ratio(disc_loss, 1),
+            **self.generator_sums(fake, batch),
+            **disc_sums(logits, fake.replaced, weights),
+        }
+        if fake.gen_loss is not None:
+            sums["mlm_loss"] = ratio(fake.gen_loss, 1)
+        return ObjectiveOutput(loss, sums, torch.sigmoid(logits[weights].detach().float()), fake.replaced[weights])

@@ -1,0 +1,60 @@
+"""Optimizer and learning-rate schedule shared by pre-training and fine-tuning.
+
+Reference (google-research/electra `model/optimization.py`): Adam with decoupled weight decay that skips
+LayerNorm and bias parameters, a linear warmup and a linear decay to zero. The reference optimizer has no
+bias correction; torch's AdamW has it, which only matters in the first few hundred steps (after warmup has
+barely begun), so we keep the well-tested torch implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+
+def unique_parameters(modules: Iterable[nn.Module | None]) -> list[tuple[str, nn.Parameter]]:
+    """Named trainable parameters of several modules, each shared tensor once (weight sharing, tying)."""
+    seen: set[int] = set()
+    out = []
+    for i, module in enumerate(modules):
+        if module is None:
+            continue
+        for name, p in module.named_parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append((f"{i}.{name}", p))
+    return out
+
+
+def no_decay(name: str) -> bool:
+    # Reference: exclude_from_weight_decay=["LayerNorm", "layer_norm", "bias"].
+    return "LayerNorm" in name or "layer_norm" in name or name.endswith("bias")
+
+
+def adamw(
+    named_params: list[tuple[str, nn.Parameter]],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    fused: bool | None = None,
+) -> torch.optim.AdamW:
+    groups = [
+        {"params": [p for n, p in named_params if not no_decay(n)], "weight_decay": weight_decay},
+        {"params": [p for n, p in named_params if no_decay(n)], "weight_decay": 0.0},
+    ]
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+
+
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier per step: 0 -> 1 over `warmup_steps`, then linearly to 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return step / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor

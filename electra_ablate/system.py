@@ -1,0 +1,168 @@
+"""The Lightning system that pre-trains any objective jointly (paper section 2: one weighted loss, one optimizer).
+
+It never branches on the objective: the objective turns a batch and the networks into a loss and metric
+sums. Metrics are added up on the device over `log_every_n_steps` steps and sent to MLflow in one batch,
+so the step has no host-device synchronisation. Checkpoints carry the RNG state and the unsent metric sums,
+so a resumed run continues exactly where it stopped (data position: see `PretrainDataModule.state_dict`).
+Training algorithms with their own optimisation (two-stage, adversarial) subclass this and switch to
+Lightning's manual optimisation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch import nn
+from torchmetrics.classification import BinaryAUROC
+
+from electra_ablate.model import ElectraForPretraining, Networks
+from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
+from electra_ablate.optim import adamw, linear_warmup_decay, unique_parameters
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+class PretrainSystem(pl.LightningModule):
+    def __init__(
+        self,
+        name: str,
+        model: ElectraForPretraining,
+        generator: nn.Module | None,
+        objective: Objective,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        warmup_steps: int,
+        max_grad_norm: float,
+        max_steps: int,
+        log_every_n_steps: int = 50,
+        flops_per_step: float = 0.0,
+        fused_adam: bool | None = None,
+    ):
+        super().__init__()
+        self.algorithm = name
+        self.model = model
+        self.generator = generator
+        self.objective = objective
+        self.lr = lr
+        self.betas = tuple(betas)
+        self.eps = eps
+        self.weight_decay = weight_decay
+        self.warmup_steps = warmup_steps
+        self.max_grad_norm = max_grad_norm
+        self.max_steps = max_steps
+        self.log_every_n_steps = log_every_n_steps
+        self.flops_per_step = flops_per_step
+        self.fused_adam = fused_adam
+        # Where finished log windows go: (metrics, step) -> None. Set by the entry point (MLflow).
+        self.metrics_sink: Callable[[dict[str, float], int], None] | None = None
+        self.history: list[tuple[int, dict[str, float]]] = []
+        self.auroc = BinaryAUROC(thresholds=200)  # binned: fixed memory, updated on device
+        self._sums: dict[str, torch.Tensor] = {}
+        self._tokens = 0
+        self._window_start = time.perf_counter()
+        self._last_logged = -1
+        self._pending_rng: dict | None = None
+
+    @property
+    def nets(self) -> Networks:
+        return Networks(self.model, self.generator)
+
+    # --- optimisation -----------------------------------------------------------------------------------
+    def configure_optimizers(self):
+        params = unique_parameters([self.model, self.generator, self.objective])
+        fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
+        optimizer = adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(self.warmup_steps, self.max_steps))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        out = self.objective(Batch(**batch), self.nets)
+        self.accumulate(out, batch)
+        return out.loss
+
+    # --- metrics ----------------------------------------------------------------------------------------
+    def accumulate(self, out: ObjectiveOutput, batch: dict[str, torch.Tensor]) -> None:
+        if self.device.type == "cpu" and not torch.isfinite(out.loss):  # free on CPU; GPU checks per window
+            self.fail_non_finite(float(out.loss))
+        for k, v in out.sums.items():
+            self._sums[k] = self._sums[k] + v if k in self._sums else v
+        if out.disc_probs is not None and out.disc_probs.numel():
+            self.auroc.update(out.disc_probs, out.disc_labels.long())
+        self._tokens += batch["input_ids"].numel()
+
+    def fail_non_finite(self, value: float) -> None:
+        raise TrainingError(
+            f"the {self.objective.name} loss is {value} at step {self.global_step}: training diverged. "
+            f"Lower optim.lr (now {self.lr}) or optim.max_grad_norm, or train in fp32 (runtime.precision=32-true); "
+            "the last checkpoint before this step is kept for inspection."
+        )
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.maybe_log_window()
+
+    def maybe_log_window(self) -> None:
+        step = self.global_step
+        if step % self.log_every_n_steps == 0 and step != self._last_logged and self._sums:
+            self._last_logged = step
+            self.log_window(step)
+
+    def log_window(self, step: int) -> dict[str, float]:
+        names = sorted(self._sums)
+        stacked = torch.stack([self._sums[k] for k in names])  # (M, 2) [sum, count]
+        values = (stacked[:, 0] / stacked[:, 1].clamp(min=1)).tolist()  # one device->host copy per window
+        metrics = {f"train/{k}": v for k, v in zip(names, values)}
+        if not np.isfinite(metrics.get("train/loss", 0.0)):
+            self.fail_non_finite(metrics["train/loss"])
+        if self.auroc.update_count:
+            metrics["train/disc_auc"] = float(self.auroc.compute())
+            self.auroc.reset()
+        now = time.perf_counter()
+        metrics["train/tokens_per_s"] = self._tokens / max(now - self._window_start, 1e-9)
+        metrics["train/lr"] = self.optimizers().param_groups[0]["lr"] if self._trainer else self.lr
+        metrics["train/flops"] = self.flops_per_step * step
+        self._sums, self._tokens, self._window_start = {}, 0, now
+        self.history.append((step, metrics))
+        if self.metrics_sink is not None:
+            self.metrics_sink(metrics, step)
+        return metrics
+
+    # --- exact resume -----------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Checkpoint callbacks run before this module's on_train_batch_end: close a finished window first so
+        # the saved sums hold only what has not been logged.
+        self.maybe_log_window()
+        # Masking, sampling and dropout draw from torch's generators only (the data order has its own seeded
+        # permutation), so those are the states to carry; tensors keep the checkpoint loadable weights-only.
+        checkpoint["rng"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
+        checkpoint["metric_sums"] = {k: v.cpu() for k, v in self._sums.items()}
+        checkpoint["auroc"] = {k: v.cpu() for k, v in self.auroc.metric_state.items() if torch.is_tensor(v)}
+        checkpoint["auroc_updates"] = self.auroc.update_count
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._pending_rng = checkpoint.get("rng")
+        self._sums = dict(checkpoint.get("metric_sums", {}))
+        for k, v in checkpoint.get("auroc", {}).items():
+            setattr(self.auroc, k, v)
+        self.auroc._update_count = checkpoint.get("auroc_updates", 0)
+
+    def on_train_start(self) -> None:
+        # Restored here, after everything that draws random numbers at start-up, right before the next batch.
+        self._sums = {k: v.to(self.device) for k, v in self._sums.items()}
+        self.auroc.to(self.device)
+        self._window_start = time.perf_counter()
+        if self._pending_rng is not None:
+            rng, self._pending_rng = self._pending_rng, None
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
