@@ -50,11 +50,11 @@ def adamw(
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
-    """LR multiplier per step: 0 -> 1 over `warmup_steps`, then linearly to 0 at `total_steps`."""
+    """LR multiplier per step, the reference's exact shape (`optimization.create_optimizer`): a linear decay
+    from 1 at step 0 to 0 at `total_steps`, multiplied by min(1, step / warmup_steps)."""
 
     def factor(step: int) -> float:
-        if warmup_steps > 0 and step < warmup_steps:
-            return step / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        warm = min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0
+        return warm * max(0.0, 1.0 - step / max(1, total_steps))
 
     return factor

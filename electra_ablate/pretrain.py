@@ -192,6 +192,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
                 "sharing": cfg.sharing.name,
                 "algorithm": cfg.algorithm.name,
                 "model_name": cfg.model.name,
+                "do_lower_case": bool(cfg.data.lowercase),
                 "step": step,
                 "run_id": run.run_id,
                 "flops": flops_per_step * step,

@@ -1,0 +1,451 @@
+"""Fine-tune a pre-trained encoder on GLUE tasks: the Hydra entry point (`python -m electra_ablate.finetune`).
+
+The recipe of the paper's GLUE results (Clark et al. 2020, section 3.1 and Appendix Table 7; reference
+run_finetuning.py): load a checkpoint (a pre-trained directory, an MLflow pre-training run, a transformers
+checkpoint, or nothing for the random-init floor), add a classifier, train for 3 epochs (10 for RTE and
+STS-B) and report the dev metric after the last epoch; the paper's table entries are medians over 10 seeds,
+so each (task, seed) is its own MLflow run linked to its pre-training run. A run whose identity (the
+resolved config without speed and bookkeeping settings) already FINISHED is not recomputed, so a sweep can be
+re-run after a crash or with more seeds. All data and checkpoint checks run before any MLflow run is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+import hydra
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from electra_ablate import glue, tracking
+from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
+from electra_ablate.data import load_tokenizer, read_vocab
+from electra_ablate.finetune_system import FinetuneSystem, GlueDataModule, OptimSettings
+from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig
+
+log = logging.getLogger(__name__)
+
+# Config keys that only say where data lives or how fast it goes: left out of the run identity along with
+# tracking.IDENTITY_EXCLUDE (paths, logger, runtime, hydra, sweep).
+DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size")
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class FinetuneError(ValueError):
+    """Bad fine-tuning input: a checkpoint, run id or setting that cannot work."""
+
+
+# --- what to fine-tune -----------------------------------------------------------------------------------
+
+
+class Pretrained(NamedTuple):
+    """A loaded starting point: builds a fresh encoder per task (the random one after seeding)."""
+
+    spec: str  # normalised `pretrained` value: part of the run identity
+    make_encoder: Callable[[], ElectraModel]
+    config: EncoderConfig
+    vocab_file: Path
+    size: str  # small | base | large: picks the protocol's lr and layer decay
+    run_id: str | None  # the pre-training run, when known
+    step: int | None
+    tags: dict[str, str]  # the pre-training run's tags (sweep, variant), when it is in this store
+    lowercase: bool | None = None  # the checkpoint's own tokenizer setting, when it has one
+    model_name: str | None = None  # e.g. tiny/small (the pre-training `model` option), for the `model` tag
+
+
+def normalise_spec(spec: str) -> str:
+    """The `pretrained` value as it enters the run identity (directories as absolute paths)."""
+    spec = str(spec)
+    if spec == "none" or spec.startswith("hf:") or RUN_ID.match(spec) or not Path(spec).is_dir():
+        return spec
+    return str(Path(spec).resolve())
+
+
+def size_name(model_name: str | None, hidden_size: int) -> str:
+    """small/base/large for the protocol defaults: the pre-training model name, else the hidden size."""
+    if model_name in ("small", "base", "large"):
+        return model_name
+    if model_name == "tiny":
+        return "small"
+    return "large" if hidden_size >= 1024 else "base" if hidden_size >= 768 else "small"
+
+
+def checkpoint_of_run(client, run_id: str, step: int | None) -> Path:
+    """The checkpoint directory an MLflow pre-training run recorded (final, or the one saved at `step`)."""
+    try:
+        run = client.get_run(run_id)
+    except Exception as e:  # MlflowException: no such run
+        raise FinetuneError(
+            f"pretrained={run_id}: no MLflow run with this id in {client.tracking_uri} "
+            "(set logger.tracking_uri / MLFLOW_TRACKING_URI to the store of the pre-training run)"
+        ) from e
+    tags = run.data.tags
+    if step is None:
+        if tracking.TAG_CHECKPOINT not in tags:
+            raise FinetuneError(
+                f"pretrained={run_id}: the run has no {tracking.TAG_CHECKPOINT!r} tag (status "
+                f"{run.info.status}); it saved no final checkpoint. Pass a checkpoint directory or "
+                "pretrained_step=<N> for an intermediate one"
+            )
+        return Path(tags[tracking.TAG_CHECKPOINT])
+    steps = json.loads(tags.get("checkpoints", "{}"))
+    if str(step) not in steps:
+        raise FinetuneError(
+            f"pretrained_step={step}: run {run_id} has no checkpoint at that step; it has steps "
+            f"{sorted(int(s) for s in steps)}"
+        )
+    return Path(steps[str(step)])
+
+
+def run_tags(client, run_id: str | None) -> dict[str, str]:
+    if run_id is None:
+        return {}
+    try:
+        return dict(client.get_run(run_id).data.tags)
+    except Exception:  # a run from another store: the link still goes in pretrain_run_id
+        return {}
+
+
+def with_dropout(config: EncoderConfig, cfg: DictConfig) -> EncoderConfig:
+    return dataclasses.replace(
+        config, hidden_dropout_prob=float(cfg.dropout.hidden), attention_probs_dropout_prob=float(cfg.dropout.attention)
+    )
+
+
+def from_network(
+    spec: str, net: ElectraForPretraining, info: dict, vocab_file: Path, cfg: DictConfig, client, run_id=None
+) -> Pretrained:
+    config = with_dropout(net.config, cfg)
+    state = {k: v.clone() for k, v in net.electra.state_dict().items()}
+
+    def make_encoder() -> ElectraModel:
+        encoder = ElectraModel(config)
+        encoder.load_state_dict(state)
+        return encoder
+
+    run_id = run_id or info.get("run_id")
+    step = info.get("step")
+    return Pretrained(
+        spec, make_encoder, config, Path(vocab_file), size_name(info.get("model_name"), config.hidden_size),
+        run_id, None if step is None else int(step), run_tags(client, run_id), info.get("do_lower_case"),
+        info.get("model_name"),
+    )
+
+
+def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
+    spec = normalise_spec(cfg.pretrained)
+    step = cfg.pretrained_step
+    if step is not None and not RUN_ID.match(spec):
+        raise FinetuneError(
+            f"pretrained_step={step} needs pretrained=<MLflow run id>; for a directory, pass the step's "
+            f"directory itself (e.g. <run>/pretrained/step_{step})"
+        )
+    if spec == "none":
+        vocab_file = Path(cfg.glue_data.vocab_file)
+        vocab_size = len(read_vocab(vocab_file))
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+        config = with_dropout(encoder_config({**model, "vocab_size": vocab_size}), cfg)
+
+        def make_encoder() -> ElectraModel:
+            # The pre-training init (N(0, 0.02)), drawn after the run's seed is set.
+            return ElectraForPretraining(config, disc_head=True).electra
+
+        return Pretrained(spec, make_encoder, config, vocab_file, size_name(model.get("name"), config.hidden_size),
+                          None, 0, {}, None, model.get("name"))
+    if spec.startswith("hf:"):
+        try:
+            from electra_ablate.hf import import_pretrained  # needs transformers: imported only here
+        except ImportError as e:
+            raise FinetuneError(
+                f"pretrained={spec} needs the Hugging Face extra (pip install 'electra-ablate[hf]'): {e}"
+            ) from e
+        net, info, vocab_file = import_pretrained(spec[len("hf:"):], cache_dir=Path(cfg.paths.cache_dir) / "hf")
+        return from_network(spec, net, info, vocab_file, cfg, client)
+    if RUN_ID.match(spec):
+        directory = checkpoint_of_run(client, spec, step)
+        net, info = load_pretrained(directory)
+        return from_network(spec, net, info, directory / "vocab.txt", cfg, client, run_id=spec)
+    if Path(spec).is_dir():
+        try:
+            net, info = load_pretrained(spec)
+        except CheckpointError as e:
+            raise FinetuneError(f"{e}; for a transformers checkpoint directory use pretrained=hf:{spec}") from e
+        return from_network(spec, net, info, Path(spec) / "vocab.txt", cfg, client)
+    raise FinetuneError(
+        f"pretrained={spec!r} is neither a directory, an MLflow run id (32 hex digits), hf:<dir or hub id>, "
+        "nor none"
+    )
+
+
+# --- tasks and data --------------------------------------------------------------------------------------
+
+
+def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
+    """(spec, task config) for every task to run: one, or task=glue's members whose data is available."""
+    if "members" not in cfg.task:
+        return [(glue.get_task(cfg.task.name), cfg.task)]
+    members = [(glue.get_task(name), member) for name, member in cfg.task.members.items()]
+    if cfg.glue_data.source != "tsv":
+        return members
+    available = set(glue.available_tasks(cfg.glue_data.dir))
+    missing = [t.name for t, _ in members if t.name not in available]
+    chosen = [(t, m) for t, m in members if t.name in available]
+    if not chosen:
+        raise glue.GlueDataError(
+            f"task=glue: no GLUE task has its train and dev files under glue_data.dir={cfg.glue_data.dir} "
+            "(original GLUE layout: CoLA/train.tsv, ...); point glue_data.dir at a GLUE download or use "
+            "glue_data.source=hf"
+        )
+    if missing:
+        log.info("task=glue: data not found under %s for %s; running %s", cfg.glue_data.dir, ", ".join(missing),
+                 ", ".join(t.name for t, _ in chosen))
+    return chosen
+
+
+def load_task_data(cfg: DictConfig, task: glue.TaskSpec) -> dict[str, list[glue.Example]]:
+    """Every split of a task, checked (layout, labels), subset and doubled as configured."""
+    d = cfg.glue_data
+    data = {s: glue.load_split(task, s, d.source, d.dir, d.hf_path) for s in task.splits}
+    for split, limit in [("train", d.max_train_examples)] + [(s.name, d.max_eval_examples) for s in task.dev_splits]:
+        if limit is not None:
+            data[split] = data[split][: int(limit)]
+        if not data[split]:
+            raise glue.GlueDataError(f"task {task.name}: split {split} has no examples")
+    if task.unordered and d.double_unordered:
+        data["train"] = glue.double_unordered(data["train"])
+    return data
+
+
+def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
+    """What makes two fine-tuning runs the same run (hashed into the config_hash tag)."""
+    ident = tracking.identity(cfg)
+    ident.pop("run_name", None)
+    ident["task"] = OmegaConf.to_container(task_cfg, resolve=True)  # a glue member hashes like task=<name>
+    ident["glue_data"] = {k: v for k, v in ident["glue_data"].items() if k not in DATA_IDENTITY_EXCLUDE}
+    ident["pretrained"] = spec
+    if spec != "none":
+        ident.pop("model", None)  # the checkpoint decides the size
+    return ident
+
+
+# --- runtime (speed-only settings) ------------------------------------------------------------------------
+
+
+def on_gpu(cfg: DictConfig) -> bool:
+    return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+
+
+def precision(cfg: DictConfig) -> str:
+    p = str(cfg.runtime.precision)
+    if p == "auto":  # bf16 is ~6x slower than fp32 on CPU
+        return "bf16-mixed" if on_gpu(cfg) else "32-true"
+    return p
+
+
+def auto_flag(value, default: bool) -> bool | None:
+    return default if value == "auto" else bool(value)
+
+
+# --- one run -------------------------------------------------------------------------------------------
+
+
+def protocol(cfg: DictConfig, pretrained: Pretrained) -> OptimSettings:
+    o = cfg.finetune_optim
+    lr = o.lr if o.lr is not None else o.lr_by_size[pretrained.size]
+    decay = o.layerwise_lr_decay if o.layerwise_lr_decay is not None else o.layerwise_lr_decay_by_size[pretrained.size]
+    return OptimSettings(
+        lr=float(lr),
+        layerwise_lr_decay=float(decay),
+        reference_off_by_one=bool(o.reference_off_by_one),
+        betas=tuple(o.betas),
+        eps=float(o.eps),
+        weight_decay=float(o.weight_decay),
+        warmup_fraction=float(o.warmup_fraction),
+        fused=None if cfg.runtime.fused_adam == "auto" else bool(cfg.runtime.fused_adam),
+    )
+
+
+def lowercase(cfg: DictConfig, pretrained: Pretrained) -> bool:
+    """glue_data.lowercase, else the checkpoint's tokenizer setting, else True (BERT uncased, as ELECTRA)."""
+    for value in (cfg.glue_data.lowercase, pretrained.lowercase):
+        if value is not None:
+            return bool(value)
+    return True
+
+
+def check_compatible(cfg: DictConfig, pretrained: Pretrained, tokenizer) -> None:
+    vocab = tokenizer.get_vocab_size()
+    if vocab != pretrained.config.vocab_size:
+        raise FinetuneError(
+            f"pretrained={pretrained.spec}: the encoder's word embeddings have vocab_size="
+            f"{pretrained.config.vocab_size} but its vocabulary {pretrained.vocab_file} has {vocab} entries; "
+            "fine-tune with the vocab.txt the checkpoint was pre-trained with"
+        )
+    if cfg.glue_data.max_seq_length > pretrained.config.max_position_embeddings:
+        raise FinetuneError(
+            f"glue_data.max_seq_length={cfg.glue_data.max_seq_length} exceeds the encoder's "
+            f"max_position_embeddings={pretrained.config.max_position_embeddings}; lower glue_data.max_seq_length"
+        )
+
+
+def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, glue.Features], predictions) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".dev_predictions.", suffix=".tmp")
+    with os.fdopen(fd, "w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
+        writer.writerow(["split", "index", "label", "prediction"])
+        for split, feats in features.items():
+            writer.writerows(glue.prediction_rows(task, split, feats, predictions[split]))
+    os.replace(tmp, path)
+    return path
+
+
+def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash) -> float:
+    """Tokenize, open the MLflow run, fine-tune, log; the run ends FAILED on any exception."""
+    d = cfg.glue_data
+    vocab_digest = glue.file_digest(pretrained.vocab_file)
+    features = {
+        split: glue.cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained),
+                                    int(d.max_seq_length), task.is_regression, cfg.paths.cache_dir)
+        for split, examples in data.items()
+    }
+    dev = {s.name: features[s.name] for s in task.dev_splits}
+    tags = {
+        tracking.TAG_KIND: "finetune",
+        "task": task.name,
+        "seed": cfg.seed,
+        tracking.TAG_PRETRAIN_RUN: pretrained.run_id or "none",
+        "pretrained": pretrained.spec,
+        "pretrained_step": "unknown" if pretrained.step is None else pretrained.step,
+        "model": pretrained.model_name or pretrained.size,
+        tracking.TAG_CONFIG_HASH: cfg_hash,
+        # The sweep and variant of the pre-training run unless this config names them.
+        tracking.TAG_SWEEP: cfg.sweep.name or pretrained.tags.get(tracking.TAG_SWEEP, ""),
+        tracking.TAG_VARIANT: cfg.sweep.variant or pretrained.tags.get(tracking.TAG_VARIANT, ""),
+        "git_commit": tracking.git_commit(),
+    }
+    optim = protocol(cfg, pretrained)
+    params = tracking.flatten(ident)
+    params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
+                   "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
+                   "resolved.train_examples": str(len(features["train"]))})
+    run_name = f"{task.name}-s{cfg.seed}"
+    run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
+                                   parent_run_id=pretrained.run_id)
+    try:
+        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+        torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
+        encoder = pretrained.make_encoder()
+        if cfg.runtime.compile:
+            encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
+        system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
+                                float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
+        system.metrics_sink = run.log_metrics
+        datamodule = GlueDataModule(
+            features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
+            length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
+            pin_memory=bool(auto_flag(cfg.runtime.pin_memory, on_gpu(cfg))),
+            pad_id=tokenizer.token_to_id("[PAD]") or 0,
+        )
+        trainer = pl.Trainer(
+            max_epochs=int(task_cfg.epochs),
+            max_steps=int(cfg.trainer.max_steps),
+            accelerator=cfg.trainer.accelerator,
+            devices=cfg.trainer.devices,
+            precision=precision(cfg),
+            gradient_clip_val=float(cfg.finetune_optim.max_grad_norm),
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
+            default_root_dir=cfg.paths.output_dir,
+        )
+        trainer.fit(system, datamodule)
+        if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
+            raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+        if system.evaluated_at_step != system.global_step:  # trainer.max_steps stopped it mid-epoch
+            trainer.validate(system, datamodule=datamodule, verbose=False)
+        final = system.history[-1]  # the paper reports the last epoch
+        key = task.paper_metric
+        values = np.array([h[key] for h in system.history], dtype=float)
+        best_epoch = int(np.nanargmax(values)) + 1 if np.isfinite(values).any() else len(values)
+        best = system.history[best_epoch - 1]
+        score = glue.task_score(task, final)
+        summary = {f"final/{k}": v for k, v in final.items()}
+        summary.update({f"best/{k}": v for k, v in best.items()})
+        summary.update({"best_epoch": best_epoch, "final/score": score})
+        run.log_metrics(summary, step=len(system.history))
+        out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
+        run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
+        run.finish("FINISHED")
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
+             final[key], score, len(system.history), run.run_id)
+    return score
+
+
+# --- entry points ----------------------------------------------------------------------------------------
+
+
+def run(cfg: DictConfig) -> float:
+    """Fine-tune every selected task; returns its final score (x100), or the GLUE score for task=glue
+    (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
+    tasks = selected_tasks(cfg)
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    spec = normalise_spec(cfg.pretrained)
+    scores: dict[str, float] = {}
+    todo = []
+    for task, task_cfg in tasks:
+        ident = run_identity(cfg, task_cfg, spec)
+        cfg_hash = tracking.config_hash(ident)
+        done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
+        if done is not None:
+            scores[task.name] = done.data.metrics["final/score"]
+            print(f"{task.name} seed={cfg.seed}: already done in FINISHED run {done.info.run_id} "
+                  f"(config_hash {cfg_hash}, final/score {scores[task.name]:.2f}); skipping")
+            continue
+        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash))  # checked before any run
+    if todo:
+        pretrained = resolve_pretrained(cfg, client)
+        tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
+        check_compatible(cfg, pretrained, tokenizer)
+        for task, task_cfg, data, ident, cfg_hash in todo:
+            try:
+                scores[task.name] = train_task(
+                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash
+                )
+            except Exception:
+                if not cfg.sweep.keep_going:
+                    raise
+                log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
+                              task.name, cfg.seed)
+    if "members" not in cfg.task:
+        return scores.get(cfg.task.name, float("nan"))
+    if not any(t != "wnli" for t in scores):
+        return float("nan")
+    result = glue.glue_score(scores)
+    print(f"GLUE score {result.score:.2f} over {', '.join(result.tasks)}")
+    return result.score
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+def main(cfg: DictConfig) -> float:
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""Fine-tuning: the real Hydra config with tiny overrides, end to end into a temporary MLflow store (tags,
+per-epoch and final metrics, predictions), skip-if-done, layer-wise learning rates by hand, the protocol's
+size defaults, the checkpoint sources, and bad input that must fail before anything is recorded."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+
+from electra_ablate import finetune, glue, tracking
+from electra_ablate.checkpoint import save_pretrained
+from electra_ablate.finetune_system import FinetuneSystem, OptimSettings, layerwise_param_groups
+from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures" / "glue"
+DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()  # as conftest
+VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
+
+# A 2-layer, 32-wide encoder (the BERT vocabulary keeps the real tokenizer).
+TINY = EncoderConfig(embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=32", "model.num_hidden_layers=2",
+              "model.num_attention_heads=2", "model.intermediate_size=64"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One SQLite store for the module (creating one costs seconds); each test uses its own experiment."""
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root}/mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)  # MLflow's default artifact root is ./mlruns: keep it out of the checkout
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        client = tracking.setup(uri, "warmup")
+    return client, uri
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path, data_dir):  # data_dir (conftest) fails clearly without the shared data
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the config's store, not the environment's
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+
+
+def config(tmp_path: Path, uri: str, experiment: str, *overrides: str):
+    with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
+        return compose("finetune", overrides=[
+            f"paths.root_dir={REPO}", f"paths.data_dir={DATA}", f"paths.output_root={tmp_path}/outputs",
+            f"paths.output_dir={tmp_path}/run", f"logger.tracking_uri={uri}", f"logger.experiment={experiment}",
+            "runtime.num_workers=0", "trainer.enable_progress_bar=false", "glue_data.max_seq_length=64", *overrides,
+        ])
+
+
+def save_tiny(directory: Path, config: EncoderConfig = TINY, vocab: Path = VOCAB, **meta) -> Path:
+    torch.manual_seed(0)
+    return save_pretrained(directory, ElectraForPretraining(config, disc_head=True), vocab, meta)
+
+
+def runs_of(client, experiment: str):
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def glue_dir_with(tmp_path: Path, *dir_names: str) -> Path:
+    root = tmp_path / "glue"
+    for name in dir_names:
+        shutil.copytree(FIXTURES / name, root / name)
+    return root
+
+
+# --- end to end -----------------------------------------------------------------------------------------
+
+
+def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(store, tmp_path, monkeypatch, capsys):
+    client, uri = store
+    exp = "e2e"
+    tracking.setup(uri, exp)
+    pre = tracking.RunLogger.start(client, exp, "electra-tiny", {"kind": "pretrain", "sweep": "table5", "variant": "electra"})
+    final = save_tiny(tmp_path / "pre" / "final", run_id=pre.run_id, step=200, model_name="tiny")
+    step100 = save_tiny(tmp_path / "pre" / "step_100", run_id=pre.run_id, step=100, model_name="tiny")
+    pre.set_tags({"checkpoint_path": str(final), "checkpoints": json.dumps({"100": str(step100), "200": str(final)})})
+    pre.finish()
+
+    cfg = config(tmp_path, uri, exp, f"pretrained={pre.run_id}", "task=sst2", "seed=3", "task.epochs=2",
+                 "glue_data.max_train_examples=64", "glue_data.max_eval_examples=48", "glue_data.batch_size=16")
+    score = finetune.run(cfg)
+
+    (run,) = [r for r in runs_of(client, exp) if r.data.tags["kind"] == "finetune"]
+    tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
+    assert run.info.status == "FINISHED"
+    assert {k: tags[k] for k in ("kind", "task", "seed", "pretrain_run_id", "mlflow.parentRunId", "pretrained_step",
+                                 "sweep", "variant", "model")} == {
+        "kind": "finetune", "task": "sst2", "seed": "3", "pretrain_run_id": pre.run_id,
+        "mlflow.parentRunId": pre.run_id, "pretrained_step": "200", "sweep": "table5", "variant": "electra",
+        "model": "tiny"}
+    assert tags["config_hash"] == tracking.config_hash(finetune.run_identity(cfg, cfg.task, pre.run_id))
+    # Protocol defaults for a small model (paper Table 7), and the first 64 training rows.
+    assert (params["resolved.size"], params["resolved.lr"], params["resolved.layerwise_lr_decay"],
+            params["resolved.train_examples"]) == ("small", "0.0003", "0.8", "64")
+
+    history = client.get_metric_history(run.info.run_id, "dev/accuracy")
+    assert [m.step for m in history] == [1, 2]
+    values = [m.value for m in history]
+    assert metrics["final/accuracy"] == values[-1]
+    assert metrics["best/accuracy"] == max(values) and metrics["best_epoch"] == int(np.argmax(values)) + 1
+    assert metrics["final/score"] == pytest.approx(100 * values[-1]) and score == metrics["final/score"]
+    assert client.get_metric_history(run.info.run_id, "train/loss")
+
+    # The predictions artifact, checked against the real dev labels: it must reproduce the logged accuracy.
+    local = client.download_artifacts(run.info.run_id, "predictions/dev_predictions.tsv", str(tmp_path))
+    with open(local, newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    assert rows[0] == ["split", "index", "label", "prediction"] and len(rows) == 49
+    gold = glue.read_tsv(glue.TASKS["sst2"], DATA / "glue", "dev")[:48]
+    assert [int(r[2]) for r in rows[1:]] == [e.label for e in gold] and [int(r[1]) for r in rows[1:]] == list(range(48))
+    assert np.mean([r[2] == r[3] for r in rows[1:]]) == pytest.approx(metrics["final/accuracy"])
+
+    # Skip-if-done: the same config again trains nothing and returns the stored result ...
+    monkeypatch.setattr(finetune, "train_task", lambda *a, **k: pytest.fail("trained a finished run again"))
+    assert finetune.run(cfg) == score
+    assert "already done in FINISHED run " + run.info.run_id in capsys.readouterr().out
+    # ... and so does task=glue for its SST-2 member (a member hashes like task=sst2).
+    only_sst2 = tmp_path / "glue_sst2"
+    (only_sst2 / "SST-2").mkdir(parents=True)
+    for split in ("train", "dev"):
+        (only_sst2 / "SST-2" / f"{split}.tsv").symlink_to(DATA / "glue" / "SST-2" / f"{split}.tsv")
+    glue_cfg = config(tmp_path, uri, exp, f"pretrained={pre.run_id}", "task=glue", "seed=3", "task.members.sst2.epochs=2",
+                      "glue_data.max_train_examples=64", "glue_data.max_eval_examples=48", "glue_data.batch_size=16",
+                      f"glue_data.dir={only_sst2}")
+    assert finetune.run(glue_cfg) == pytest.approx(score)
+    assert len(runs_of(client, exp)) == 2  # the pre-training run and one fine-tuning run
+
+    # The intermediate checkpoints of the same run are reachable by step.
+    assert finetune.checkpoint_of_run(client, pre.run_id, 100) == step100
+    with pytest.raises(finetune.FinetuneError, match=r"pretrained_step=50: run .* has no checkpoint at that step; it has steps \[100, 200\]"):
+        finetune.checkpoint_of_run(client, pre.run_id, 50)
+
+
+def test_glue_from_random_init_runs_each_available_task(store, tmp_path):
+    client, uri = store
+    exp = "glue-none"
+    glue_dir = glue_dir_with(tmp_path, "MNLI", "STS-B")
+    # STS-B: 6 doubled rows in batches of 4 = 2 steps an epoch; max_steps=3 stops it inside epoch 2.
+    cfg = config(tmp_path, uri, exp, "pretrained=none", "task=glue", f"glue_data.dir={glue_dir}", "glue_data.batch_size=4",
+                 "task.members.mnli.epochs=1", "task.members.stsb.epochs=5", "trainer.max_steps=3",
+                 "logger.log_every_n_steps=1", *TINY_MODEL)
+    score = finetune.run(cfg)
+
+    runs = {r.data.tags["task"]: r for r in runs_of(client, exp)}
+    assert set(runs) == {"mnli", "stsb"} and all(r.info.status == "FINISHED" for r in runs.values())
+    mnli, stsb = runs["mnli"].data, runs["stsb"].data
+    assert {"dev/accuracy", "dev/mismatched_accuracy", "final/mismatched_accuracy", "final/score"} <= set(mnli.metrics)
+    assert {"dev/spearman", "dev/pearson", "final/spearman", "final/score"} <= set(stsb.metrics)
+    assert stsb.metrics["final/score"] == pytest.approx(100 * stsb.metrics["final/spearman"])
+    assert stsb.params["resolved.train_examples"] == "6"  # 3 rows, doubled by swapping the pair
+    assert mnli.params["resolved.train_examples"] == "4"
+    assert (mnli.tags["pretrain_run_id"], mnli.tags["pretrained_step"], "mlflow.parentRunId" in mnli.tags) == ("none", "0", False)
+    assert score == pytest.approx(np.mean([mnli.metrics["final/score"], stsb.metrics["final/score"]]))
+    steps = {t: [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] for t, r in runs.items()}
+    assert steps == {"mnli": [1], "stsb": [1, 2, 3]}
+    assert [m.step for m in client.get_metric_history(runs["stsb"].info.run_id, "dev/spearman")] == [1, 2]  # epoch 1, then the stop
+    local = client.download_artifacts(runs["mnli"].info.run_id, "predictions/dev_predictions.tsv", str(tmp_path))
+    splits = [line.split("\t")[0] for line in Path(local).read_text().splitlines()[1:]]
+    assert splits == ["dev_matched"] * 3 + ["dev_mismatched"] * 4
+
+
+# --- layer-wise learning rates and the protocol ---------------------------------------------------------
+
+# lr 1e-3, decay 0.8, 4 layers, computed by hand: the reference's head depth is n_layers + 2 = 6.
+BY_HAND = {
+    True: {"embeddings": 2.62144e-4, 0: 3.2768e-4, 1: 4.096e-4, 2: 5.12e-4, 3: 6.4e-4, "head": 1e-3},
+    False: {"embeddings": 3.2768e-4, 0: 4.096e-4, 1: 5.12e-4, 2: 6.4e-4, 3: 8e-4, "head": 1e-3},
+}
+
+
+@pytest.mark.parametrize("reference_off_by_one", [True, False])
+def test_layerwise_decay_gives_every_layer_the_documented_lr(reference_off_by_one):
+    config = EncoderConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=4,
+                           num_attention_heads=2, intermediate_size=64)
+    optim = OptimSettings(1e-3, 0.8, reference_off_by_one, (0.9, 0.999), 1e-6, 0.01, 0.1)
+    system = FinetuneSystem(ElectraModel(config), glue.TASKS["rte"], optim, dev_labels={})
+    system._trainer = types.SimpleNamespace(estimated_stepping_batches=20)  # what configure_optimizers reads
+    conf = system.configure_optimizers()
+    optimizer, schedule = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
+    names = {id(p): n for n, p in system.named_parameters()}
+    lr_of = {names[id(p)]: g["initial_lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert sorted(lr_of) == sorted(names.values())  # every parameter exactly once
+    expected = BY_HAND[reference_off_by_one]
+    for name, lr in lr_of.items():
+        if name.startswith("encoder.embeddings"):  # includes embeddings_project (16 -> 32)
+            want = expected["embeddings"]
+        elif name.startswith("head."):
+            want = expected["head"]
+        else:
+            want = expected[int(name.split(".")[3])]  # encoder.encoder.layer.<i>.
+        assert lr == pytest.approx(want, rel=1e-9), name
+    assert any("embeddings_project" in n for n in lr_of)
+    # Weight decay skips LayerNorm and bias (reference exclude_from_weight_decay).
+    wd_of = {names[id(p)]: g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    assert wd_of["encoder.encoder.layer.0.output.LayerNorm.weight"] == 0.0 and wd_of["head.dense.bias"] == 0.0
+    assert wd_of["head.dense.weight"] == 0.01
+    # 10% warmup of 20 steps: lr 0 at the start, the full layer-wise lr after 2 steps, 0 at the end.
+    assert all(g["lr"] == 0.0 for g in optimizer.param_groups)
+    for _ in range(2):
+        optimizer.step()
+        schedule.step()
+    assert all(g["lr"] == pytest.approx(g["initial_lr"]) for g in optimizer.param_groups)
+
+
+def test_layerwise_groups_reject_unknown_parameters():
+    with pytest.raises(ValueError, match="no layer-wise learning-rate depth for parameter 'pooler.weight'"):
+        layerwise_param_groups([("pooler.weight", torch.nn.Parameter(torch.zeros(1)))], 1e-3, 0.8, 2, True, 0.0)
+
+
+def test_protocol_defaults_follow_model_size(store, tmp_path):
+    _, uri = store
+    cfg = config(tmp_path, uri, "protocol")
+    blank = finetune.Pretrained(*[None] * len(finetune.Pretrained._fields))
+    for size, lr, decay in [("small", 3e-4, 0.8), ("base", 1e-4, 0.8), ("large", 5e-5, 0.9)]:
+        p = finetune.protocol(cfg, blank._replace(size=size))
+        assert (p.lr, p.layerwise_lr_decay, p.eps, p.weight_decay, p.warmup_fraction, p.reference_off_by_one) == (
+            lr, decay, 1e-6, 0.0, 0.1, True)
+    cfg = config(tmp_path, uri, "protocol", "finetune_optim.lr=2e-5", "finetune_optim.layerwise_lr_decay=1.0")
+    assert finetune.protocol(cfg, blank._replace(size="large"))[:2] == (2e-5, 1.0)
+    assert [finetune.size_name(n, h) for n, h in [("tiny", 128), (None, 256), (None, 768), (None, 1024), ("base", 256)]] == [
+        "small", "small", "base", "large", "base"]
+    epochs = {t: config(tmp_path, uri, "protocol", f"task={t}").task.epochs for t in glue.TASKS}
+    assert epochs == {t: 10 if t in ("rte", "stsb") else 3 for t in glue.TASKS}
+    assert (cfg.glue_data.batch_size, cfg.dropout.classifier, cfg.finetune_optim.max_grad_norm) == (32, 0.1, 1.0)
+    assert config(tmp_path, uri, "protocol").glue_data.max_seq_length == 64  # the tests' override; default 128
+
+
+# --- checkpoint sources ---------------------------------------------------------------------------------
+
+
+def test_directory_checkpoint_loads_the_encoder_with_finetuning_dropout(store, tmp_path):
+    client, uri = store
+    directory = save_tiny(tmp_path / "ckpt", run_id="0" * 32, step=7)
+    cfg = config(tmp_path, uri, "dir", f"pretrained={directory}", "dropout.hidden=0.2")
+    p = finetune.resolve_pretrained(cfg, client)
+    saved = torch.load(directory / "model.pt")
+    encoder = p.make_encoder()
+    for k, v in encoder.state_dict().items():
+        torch.testing.assert_close(v, saved[f"electra.{k}"])
+    assert encoder is not p.make_encoder()  # a fresh copy for every task
+    assert (encoder.config.hidden_dropout_prob, encoder.config.attention_probs_dropout_prob) == (0.2, 0.1)
+    assert (p.run_id, p.step, p.vocab_file, p.size) == ("0" * 32, 7, directory / "vocab.txt", "small")
+
+
+def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, monkeypatch):
+    client, uri = store
+    tree = ast.parse((REPO / "electra_ablate" / "finetune.py").read_text())
+    top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | {
+        n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
+    assert not {"transformers", "electra_ablate.hf"} & top_level  # fine-tuning works without transformers
+
+    torch.manual_seed(1)
+    net = ElectraForPretraining(TINY, disc_head=True)
+    calls = []
+    fake = types.ModuleType("electra_ablate.hf")
+    fake.import_pretrained = lambda spec, cache_dir=None: calls.append(spec) or (net, {"model_name": "base", "do_lower_case": False}, VOCAB)
+    monkeypatch.setitem(sys.modules, "electra_ablate.hf", fake)
+    cfg = config(tmp_path, uri, "hf", "pretrained=hf:google/electra-small-discriminator")
+    p = finetune.resolve_pretrained(cfg, client)
+    assert calls == ["google/electra-small-discriminator"]
+    assert (p.spec, p.run_id, p.size, p.vocab_file) == ("hf:google/electra-small-discriminator", None, "base", VOCAB)
+    assert finetune.lowercase(cfg, p) is False  # the checkpoint's tokenizer is cased
+    assert finetune.lowercase(config(tmp_path, uri, "hf", "glue_data.lowercase=true"), p) is True
+    torch.testing.assert_close(p.make_encoder().state_dict(), net.electra.state_dict())
+
+
+# --- bad input ------------------------------------------------------------------------------------------
+
+
+def test_unknown_task_is_rejected_with_the_valid_options(store, tmp_path):
+    _, uri = store
+    with pytest.raises(MissingConfigException, match=r"(?s)Could not find 'task/sts'.*Available options in 'task'.*rte.*stsb"):
+        config(tmp_path, uri, "bad", "task=sts")
+
+
+@pytest.mark.parametrize("case", ["bad_label", "missing_split", "missing_dir"])
+def test_bad_data_fails_before_any_run_is_recorded(store, tmp_path, case):
+    client, uri = store
+    glue_dir = glue_dir_with(tmp_path, "RTE")
+    messages = {
+        "bad_label": r"RTE/dev.tsv line 2: label 'maybe' in field 'label' is not one of the rte labels",
+        "missing_split": r"RTE/dev.tsv not found: task rte needs train.tsv, dev.tsv",
+        "missing_dir": r"GLUE task directory .*/glue/RTE not found",
+    }
+    if case == "bad_label":
+        dev = glue_dir / "RTE" / "dev.tsv"
+        dev.write_text(dev.read_text().replace("\tnot_entailment\n", "\tmaybe\n"))
+    elif case == "missing_split":
+        (glue_dir / "RTE" / "dev.tsv").unlink()
+    else:
+        shutil.rmtree(glue_dir / "RTE")
+    exp = f"bad-{case}"
+    cfg = config(tmp_path, uri, exp, "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}", *TINY_MODEL)
+    with pytest.raises(glue.GlueDataError, match=messages[case]):
+        finetune.run(cfg)
+    assert runs_of(client, exp) == []
+
+
+def test_task_glue_without_any_data_says_where_it_looked(store, tmp_path):
+    client, uri = store
+    cfg = config(tmp_path, uri, "bad-glue", "task=glue", f"glue_data.dir={tmp_path}/nowhere")
+    with pytest.raises(glue.GlueDataError, match=r"task=glue: no GLUE task has its train and dev files under glue_data.dir=.*/nowhere"):
+        finetune.run(cfg)
+    assert runs_of(client, "bad-glue") == []
+
+
+@pytest.mark.parametrize("case", ["vocab", "positions", "not_a_checkpoint", "transformers_dir", "unknown_run", "step_with_dir"])
+def test_bad_checkpoints_fail_before_any_run_is_recorded(store, tmp_path, case):
+    client, uri = store
+    glue_dir = glue_dir_with(tmp_path, "RTE")
+    overrides = {
+        "vocab": lambda: (f"pretrained={save_tiny(tmp_path / 'c', EncoderConfig(**{**TINY.to_dict(), 'vocab_size': 100}))}",),
+        "positions": lambda: (f"pretrained={save_tiny(tmp_path / 'c', EncoderConfig(**{**TINY.to_dict(), 'max_position_embeddings': 32}))}",),
+        "not_a_checkpoint": lambda: ("pretrained=no/such/dir",),
+        "transformers_dir": lambda: (f"pretrained={hf_like_dir(tmp_path)}",),
+        "unknown_run": lambda: ("pretrained=" + "a" * 32,),
+        "step_with_dir": lambda: (f"pretrained={save_tiny(tmp_path / 'c')}", "pretrained_step=100"),
+    }[case]()
+    messages = {
+        "vocab": r"word embeddings have vocab_size=100 but its vocabulary .*vocab.txt has 30522 entries",
+        "positions": r"glue_data.max_seq_length=64 exceeds the encoder's max_position_embeddings=32",
+        "not_a_checkpoint": r"pretrained='no/such/dir' is neither a directory, an MLflow run id",
+        "transformers_dir": r"config.json: unknown format None; expected 'electra-ablate/1'; for a transformers checkpoint directory use pretrained=hf:",
+        "unknown_run": r"pretrained=a{32}: no MLflow run with this id in sqlite:///",
+        "step_with_dir": r"pretrained_step=100 needs pretrained=<MLflow run id>",
+    }
+    exp = f"bad-{case}"
+    cfg = config(tmp_path, uri, exp, "task=rte", f"glue_data.dir={glue_dir}", *overrides)
+    with pytest.raises(finetune.FinetuneError, match=messages[case]):
+        finetune.run(cfg)
+    assert runs_of(client, exp) == []
+
+
+def hf_like_dir(tmp_path: Path) -> Path:
+    """A directory as transformers' save_pretrained leaves it (a config.json of another format)."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "electra", "hidden_size": 32}))
+    return tmp_path / "hf"
+
+
+def test_a_failure_during_training_marks_the_run_failed(store, tmp_path, monkeypatch):
+    client, uri = store
+    exp = "fails"
+    glue_dir = glue_dir_with(tmp_path, "RTE")
+
+    def boom(self, batch, batch_idx):
+        raise RuntimeError("boom in training_step")
+
+    monkeypatch.setattr(FinetuneSystem, "training_step", boom)
+    cfg = config(tmp_path, uri, exp, "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}", *TINY_MODEL)
+    with pytest.raises(RuntimeError, match="boom in training_step"):
+        finetune.run(cfg)
+    (run,) = runs_of(client, exp)
+    assert run.info.status == "FAILED" and "final/score" not in run.data.metrics
+    # A sweep's keep_going records the failure the same way and lets the multirun go on.
+    cfg = config(tmp_path, uri, exp + "-keep-going", "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}",
+                 "sweep.keep_going=true", *TINY_MODEL)
+    assert np.isnan(finetune.run(cfg))
+    assert [r.info.status for r in runs_of(client, exp + "-keep-going")] == ["FAILED"]
