@@ -83,6 +83,9 @@ class ElectraEmbeddings(nn.Module):
 
 
 class ElectraSelfAttention(nn.Module):
+    # The attention kernel, SDPA's signature; `fast.apply_runtime` swaps in one with cheap CPU dropout masks.
+    sdpa = staticmethod(F.scaled_dot_product_attention)
+
     def __init__(self, config: EncoderConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -98,9 +101,7 @@ class ElectraSelfAttention(nn.Module):
             proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
             for proj in (self.query, self.key, self.value)
         )
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_bias, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        y = self.sdpa(q, k, v, attn_mask=attn_bias, dropout_p=self.dropout_p if self.training else 0.0)
         return y.transpose(1, 2).reshape(B, T, C)
 
 

@@ -19,10 +19,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import tracking
+from electra_ablate import fast, tracking
 from electra_ablate.checkpoint import save_pretrained
 from electra_ablate.data import PretrainDataModule
-from electra_ablate.flops import pretrain_flops_per_step
+from electra_ablate.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.model import ElectraForPretraining, EncoderConfig, share_weights
 from electra_ablate.objectives.base import SpecialIds
 
@@ -55,6 +55,9 @@ def validate(cfg: DictConfig) -> None:
     for f in cfg.trainer.export_fractions:
         if not 0 < f < 1:
             raise ConfigError(f"trainer.export_fractions has {f}; each must be in (0, 1) (the final step is always saved)")
+    problems = hydra.utils.get_class(cfg.algorithm._target_).config_problems(cfg)  # e.g. two-stage: equal sizes
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def resolve_precision(cfg: DictConfig) -> str:
@@ -74,6 +77,7 @@ def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds)
         generator = instantiate(cfg.generator, disc_cfg, token_counts=torch.as_tensor(dm.token_counts), special=special)
         if isinstance(generator, ElectraForPretraining):
             share_weights(generator, model, cfg.sharing.name)
+    fast.apply_runtime(cfg.runtime, model, generator)  # speed only: fast dropout masks, torch.compile
     return model, generator, objective
 
 
@@ -183,9 +187,10 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
 
     def save(step: int, name: str | None = None) -> Path:
+        nets = system.exported_networks()
         path = save_pretrained(
             store / "pretrained" / (name or f"step_{step}"),
-            system.model,
+            nets.model,
             dm.vocab_path,
             meta={
                 "objective": cfg.objective.name,
@@ -195,9 +200,9 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
                 "do_lower_case": bool(cfg.data.lowercase),
                 "step": step,
                 "run_id": run.run_id,
-                "flops": flops_per_step * step,
+                "flops": system.flops_at(step),
             },
-            generator=system.generator if isinstance(system.generator, ElectraForPretraining) else None,
+            generator=nets.generator,
         )
         exported[str(step)] = str(path)
         tmp = store / "checkpoints.json.tmp"
@@ -225,6 +230,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
                 dirpath=str(ckpt_dir), every_n_train_steps=cfg.trainer.checkpoint_every_n_steps, save_top_k=0, save_last=True
             ),
             ExportPretrained(export_steps, save),
+            *([fast.CompileTimer()] if cfg.runtime.compile else []),
             *(callbacks or []),
         ],
         num_sanity_val_steps=0,
@@ -233,14 +239,15 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     # Paper accounting: FLOPs of one optimizer step over the global batch (all devices, all micro-batches).
     gen_cfg = generator.config if isinstance(generator, ElectraForPretraining) else None
     global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
-    flops_per_step = pretrain_flops_per_step(model.config, gen_cfg, cfg.objective.name, global_batch, cfg.data.max_seq_length)
-    system.flops_per_step = flops_per_step
+    flops_args = (model.config, gen_cfg, cfg.objective.name, global_batch, cfg.data.max_seq_length)
+    system.flops_per_step = pretrain_flops_per_step(*flops_args)
+    system.stage_flops = {stage: pretrain_flops_per_step(*flops_args, stage=stage) for stage in STAGES}
     try:
         trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resumed else None)
         if trainer.interrupted:
             raise KeyboardInterrupt("pre-training was interrupted")
         final = save(trainer.global_step, "final")
-        run.log_metrics({"flops/total": flops_per_step * trainer.global_step}, trainer.global_step)
+        run.log_metrics({"flops/total": system.flops_at(trainer.global_step)}, trainer.global_step)
         run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
         run.finish("FINISHED")
     except BaseException as error:

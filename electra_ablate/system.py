@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torchmetrics.classification import BinaryAUROC
 
@@ -60,6 +61,8 @@ class PretrainSystem(pl.LightningModule):
         self.max_steps = max_steps
         self.log_every_n_steps = log_every_n_steps
         self.flops_per_step = flops_per_step
+        # Training FLOPs per step of each stage of flops.STAGES, for algorithms whose steps differ (two-stage).
+        self.stage_flops: dict[str, float] = {}
         self.fused_adam = fused_adam
         # Where finished log windows go: (metrics, step) -> None. Set by the entry point (MLflow).
         self.metrics_sink: Callable[[dict[str, float], int], None] | None = None
@@ -74,6 +77,20 @@ class PretrainSystem(pl.LightningModule):
     @property
     def nets(self) -> Networks:
         return Networks(self.model, self.generator)
+
+    @classmethod
+    def config_problems(cls, cfg: DictConfig) -> list[str]:
+        """What this algorithm cannot run with in a composed pre-training config, each with its fix; checked
+        before any data is built. Joint training runs with anything the other checks let through."""
+        return []
+
+    def exported_networks(self) -> Networks:
+        """What pre-training saves for fine-tuning: the network to fine-tune and the neural generator, if any."""
+        return Networks(self.model, self.generator if isinstance(self.generator, ElectraForPretraining) else None)
+
+    def flops_at(self, step: int) -> float:
+        """Training FLOPs of the first `step` steps (train/flops)."""
+        return self.flops_per_step * step
 
     # --- optimisation -----------------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -126,13 +143,17 @@ class PretrainSystem(pl.LightningModule):
             self.auroc.reset()
         now = time.perf_counter()
         metrics["train/tokens_per_s"] = self._tokens / max(now - self._window_start, 1e-9)
-        metrics["train/lr"] = self.optimizers().param_groups[0]["lr"] if self._trainer else self.lr
-        metrics["train/flops"] = self.flops_per_step * step
+        metrics.update(self.window_metrics(step))
         self._sums, self._tokens, self._window_start = {}, 0, now
         self.history.append((step, metrics))
         if self.metrics_sink is not None:
             self.metrics_sink(metrics, step)
         return metrics
+
+    def window_metrics(self, step: int) -> dict[str, float]:
+        """Values read once per window rather than averaged over its steps."""
+        lr = self.optimizers().param_groups[0]["lr"] if self._trainer else self.lr
+        return {"train/lr": lr, "train/flops": self.flops_at(step)}
 
     # --- exact resume -----------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -1,0 +1,173 @@
+"""Speed-only pieces of the training step (config group `runtime`): cheap dropout masks on CPU and the
+attention that uses them, installed on a network by `apply_runtime`. Nothing here changes what is computed.
+
+Why: torch's CPU dropout draws one float per element through `bernoulli_` (mt19937, ~56-110M numbers/s on
+the 2-core development machine), so on an ELECTRA-Small step its masks cost a fifth to a third of the time
+(issue 5, measured with torch.profiler). `FastDropout` draws 64 random bits at a time with one
+`random_()` call and cuts them into four 16-bit lanes; an element is dropped when its lane is below a
+threshold. Same semantics as `torch.nn.Dropout`: every element is zeroed independently with probability p
+and the survivors are scaled by 1 / (1 - p). The rate is exact to 1/65536: the mask drops with probability
+round(p * 65536) / 65536 (p = 0.1 becomes 0.100006; tests/test_bench.py checks rate, scaling and
+independence). The mask is kept as one byte per element for the backward pass (torch keeps a float).
+
+Attention-probability dropout lives inside `F.scaled_dot_product_attention`; on CPU, SDPA with dropout runs
+its unfused math path and draws the mask with `bernoulli_` anyway, so with fast dropout on CPU the same
+math is written out (softmax(Q K^T / sqrt(d) + bias), dropout, times V) with the cheap mask. On CUDA both
+fall back to torch: its dropout and flash/memory-efficient SDPA kernels draw their masks in-kernel (Philox).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from electra_ablate.model import ElectraSelfAttention
+
+log = logging.getLogger(__name__)
+
+LANE_BITS = 16
+LANES = 1 << LANE_BITS  # 65536: dropout rates are multiples of 1/65536
+
+
+def drop_threshold(p: float) -> int:
+    """The signed 16-bit threshold below which a uniform lane is dropped: P(lane < t) = round(p * 65536) / 65536."""
+    return -(LANES // 2) + round(p * LANES)
+
+
+def effective_rate(p: float) -> float:
+    """The dropout rate the 16-bit lanes realise for a requested rate p (within 1/131072 of p)."""
+    return round(p * LANES) / LANES
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(shape) bool: True = keep, each element independently with probability 1 - round(p * 65536) / 65536."""
+    n = math.prod(shape)
+    # random_(-2**63, None) fills all 64 bits uniformly (torch's full-range path): 4 independent 16-bit lanes.
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
+    lanes = words.view(torch.int16)[:n].view(shape)
+    return lanes >= drop_threshold(p)
+
+
+class _MaskedScale(torch.autograd.Function):
+    """y = x * keep / (1 - p); the gradient is masked and scaled the same way. Saves only the byte mask."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x.mul(keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None, None
+
+
+def fast_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """`F.dropout(x, p, training)` with masks from 16-bit random lanes on CPU; torch's own dropout on CUDA."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0 or x.device.type != "cpu":
+        return F.dropout(x, p, training)
+    return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - effective_rate(p)))
+
+
+class FastDropout(nn.Dropout):
+    """A drop-in `nn.Dropout` (same `p`, no parameters, no state-dict keys) drawing its masks with `fast_dropout`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.inplace:
+            raise ValueError("FastDropout does not support inplace=True; use torch.nn.Dropout for in-place dropout")
+        return fast_dropout(x, self.p, self.training)
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` whose attention-probability dropout uses `fast_dropout` on CPU.
+
+    q, k, v: (B, nh, T, hd); attn_mask: additive, broadcastable to (B, nh, T, T). Without dropout, or on
+    CUDA, this is torch's SDPA (fused kernels); on CPU with dropout, SDPA's math path written out.
+    """
+    if dropout_p == 0.0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    return fast_dropout(scores.softmax(dim=-1), dropout_p) @ v  # (B, nh, T, hd)
+
+
+def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = None) -> nn.Module:
+    """Switch the dropouts of `module` between torch's and the fast one, in place.
+
+    `enabled` covers the `nn.Dropout` children (hidden dropout); `attention` (default: same as `enabled`)
+    the attention-probability dropout of every `ElectraSelfAttention`. Module names, parameters and
+    state-dict keys stay as they are; only the class of the dropout children and the attention function change.
+    """
+    attention = enabled if attention is None else attention
+    for parent in module.modules():
+        for name, child in list(parent.named_children()):
+            if enabled and type(child) is nn.Dropout and not child.inplace:
+                setattr(parent, name, FastDropout(child.p).train(child.training))
+            elif not enabled and type(child) is FastDropout:
+                setattr(parent, name, nn.Dropout(child.p).train(child.training))
+        if isinstance(parent, ElectraSelfAttention):
+            parent.sdpa = scaled_dot_product_attention if attention else F.scaled_dot_product_attention
+    return module
+
+
+def apply_runtime(runtime, *modules: nn.Module | None) -> None:
+    """Install the runtime group's speed-only choices on networks built by `pretrain.build_networks`, in place.
+
+    `runtime.fast_dropout`: hidden and attention dropout draw their masks from 16-bit random lanes on CPU
+    (module docstring); on CUDA the modules defer to torch, so the setting is harmless there.
+    `runtime.compile`: `nn.Module.compile()` on each network with parameters (in place, so parameter names and
+    state-dict keys do not change); the compile happens in the first steps, which `CompileTimer` logs.
+    Non-neural generators (no dropout, no parameters) and None pass through unchanged.
+    """
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            continue
+        set_fast_dropout(module, bool(runtime.fast_dropout))
+        if runtime.compile and any(True for _ in module.parameters()):
+            module.compile()
+
+
+class CompileTimer(pl.Callback):
+    """Logs how long `torch.compile` took: the first training steps (where compiling happens) minus as many
+    steady steps. Sent as `runtime/compile_s` through the module's `metrics_sink` (MLflow) when it has one."""
+
+    def __init__(self, warm_steps: int = 2):
+        self.warm_steps = warm_steps  # compile, then usually one recompile for dynamic sequence lengths
+        self.durations: list[float] = []
+        self._t0 = 0.0
+        self.compile_s: float | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.compile_s is not None:
+            return
+        self.durations.append(time.perf_counter() - self._t0)
+        if len(self.durations) < 2 * self.warm_steps:
+            return
+        warm, steady = self.durations[: self.warm_steps], self.durations[self.warm_steps :]
+        self.compile_s = max(0.0, sum(warm) - self.warm_steps * min(steady))
+        log.info("torch.compile: %.1f s of compiling in the first %d steps (steady step %.3f s)",
+                 self.compile_s, self.warm_steps, min(steady))
+        sink = getattr(pl_module, "metrics_sink", None)
+        if sink is not None:
+            sink({"runtime/compile_s": self.compile_s}, trainer.global_step)

@@ -1,0 +1,175 @@
+"""The speed benchmark and the fast path: the benchmark runs end to end on a tiny config and its equal-work check
+passes (same weights and corrupted batch -> same losses and gradients as transformers); fast dropout keeps
+torch's semantics (rate, independence, 1/(1-p) scaling, the same mask forward and backward, identity in eval);
+swapping it in changes no state-dict key and no eval-mode output. No test asserts a time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("transformers", reason="the benchmark's reference is built from transformers")
+
+from electra_ablate import bench, fast  # noqa: E402
+from electra_ablate.model import ElectraForPretraining, EncoderConfig  # noqa: E402
+
+# 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the real sample; the full
+# BERT vocabulary, so the reference's all-position logits are the real (B, T, 30522) shape.
+TINY = [
+    "model.hidden_size=64", "model.embedding_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.intermediate_size=128", "model.max_position_embeddings=64", "data.max_docs=300",
+]
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory, data_dir):
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "benchmarks.md"
+    argv = ["--quick", "--models", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1",
+            "--data-dir", str(data_dir), "--cache-dir", str(tmp / "cache"), "--out", str(out),
+            "--sections", "equal,pretrain,pieces,bert,data,memory,sync", "--accumulate", "1",
+            *[x for o in TINY for x in ("--override", o)]]
+    return bench.main(argv), out
+
+
+def test_benchmark_writes_its_table_with_the_command(quick_report):
+    rep, out = quick_report
+    text = out.read_text()
+    assert text.startswith("# Benchmarks")
+    assert "python -m electra_ablate.bench --quick --models tiny" in text  # the command that made it
+    assert bench.NO_GPU_NOTE in text  # CPU run: GPU rows present but empty
+    assert "| tiny | this harness | 8 x 64 |" in text and "| tiny | transformers | 8 x 64 |" in text
+    assert not out.with_name(out.name + ".tmp").exists()
+    impls = {r["key"] for r in rep.pretrain}
+    assert impls == {"ours", "transformers"}
+    for r in rep.pretrain:
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and len(r["steps"]) == 2
+        assert r["flops_paper"] > 0 and r["flops_executed"] > 0 and 0 < rep.peaks["tiny"]["peak"]
+    ours, ref = sorted(rep.pretrain, key=lambda r: r["key"] != "ours")
+    # The same analytic work, but the reference executes more: its MLM head runs at every position.
+    assert ours["flops_paper"] == ref["flops_paper"]
+    assert ours["flops_executed"] < ref["flops_executed"]
+
+
+def test_equal_work_check_passes_on_real_batches(quick_report):
+    rep, out = quick_report
+    (eq,) = rep.equal
+    assert eq["passed"] and eq["grads_compared"] > 20
+    for name, (ours, ref) in eq["values"].items():
+        assert math.isfinite(ours) and abs(ours - ref) <= 1e-4 * abs(ref), name
+    assert eq["masked"] > 0
+    assert "| pass |" in out.read_text()
+
+
+def test_every_section_reports(quick_report):
+    rep, out = quick_report
+    text = out.read_text()
+    assert {r["piece"] for r in rep.pieces} == {p[0] for p in bench.PIECES}
+    assert [r["variant"] for r in rep.bert] == ["bert", "electra, generator 1/4", "electra, generator 1/1"]
+    assert {r["workers"] for r in rep.data} == {0, 2}
+    mem = {(r["impl"], r["batch_size"], r["accumulate"]) for r in rep.memory}
+    assert mem == {("ours", 8, 1), ("transformers", 8, 1)}
+    assert all(r["peak_mib"] > 0 for r in rep.memory)
+    # Boolean-mask indexing in the objective is a host-device sync on CUDA and must be reported.
+    assert any(r["op"] == "aten::index" and r["cuda"] == "yes" for r in rep.syncs)
+    for heading in ("## The fast path", "## BERT vs ELECTRA", "## Data loader", "## Peak memory", "## Host-device"):
+        assert heading in text
+
+
+def test_bad_section_name_fails_before_compute(data_dir):
+    with pytest.raises(bench.BenchError, match="unknown --sections"):
+        bench.main(["--sections", "pretrain,speed", "--data-dir", str(data_dir)])
+
+
+# --- fast dropout ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.013])
+def test_fast_dropout_rate_and_scaling(p):
+    torch.manual_seed(0)
+    n = 1 << 20
+    y = fast.fast_dropout(torch.ones(n), p, training=True)
+    q = fast.effective_rate(p)
+    assert abs(q - p) <= 1 / 131072
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - q) < 5 * math.sqrt(q * (1 - q) / n)  # 5 sigma
+    survivors = y[y != 0]
+    assert torch.all(survivors == survivors[0]) and survivors[0].item() == pytest.approx(1 / (1 - q), rel=1e-6)
+
+
+def test_fast_dropout_elements_are_independent():
+    """Drop patterns of 4 neighbours (the 4 lanes of one 64-bit word, and across words) follow independent coins."""
+    torch.manual_seed(1)
+    p, n = 0.3, 1 << 21
+    q = fast.effective_rate(p)
+    keep = fast.keep_mask((n,), p)
+    for offset in (0, 2):  # groups aligned with the 64-bit words, and straddling two words
+        groups = keep[offset : offset + (n - 4) // 4 * 4].view(-1, 4).long()
+        pattern = (groups * torch.tensor([1, 2, 4, 8])).sum(1)
+        counts = torch.bincount(pattern, minlength=16).double()
+        k = torch.tensor([bin(i).count("1") for i in range(16)], dtype=torch.float64)  # kept lanes per pattern
+        expected = counts.sum() * (1 - q) ** k * q ** (4 - k)
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 60, f"offset {offset}: chi2 {chi2:.1f} with 15 degrees of freedom"
+    # Two draws are independent of each other.
+    other = fast.keep_mask((n,), p)
+    both = (keep & other).float().mean().item()
+    assert abs(both - (1 - q) ** 2) < 5 * math.sqrt((1 - q) ** 2 / n)
+
+
+def test_fast_dropout_masks_the_gradient_like_the_output_and_is_identity_in_eval():
+    torch.manual_seed(2)
+    x = torch.randn(64, 33, requires_grad=True)
+    y = fast.fast_dropout(x, 0.25, training=True)
+    g = torch.randn_like(y)
+    (y * g).sum().backward()
+    scale = 1 / (1 - fast.effective_rate(0.25))
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] * scale) and torch.equal(x.grad == 0, ~kept)
+    assert torch.allclose(x.grad[kept], g[kept] * scale)
+    assert fast.fast_dropout(x, 0.25, training=False) is x
+    assert fast.fast_dropout(x, 0.0, training=True) is x
+    assert torch.count_nonzero(fast.fast_dropout(x, 1.0, training=True)) == 0
+    module = fast.FastDropout(0.25).eval()
+    assert module(x) is x
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        fast.fast_dropout(x, 1.5)
+
+
+def test_fast_attention_is_sdpa_with_the_fast_mask():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 10, 8) for _ in range(3))
+    bias = torch.zeros(2, 1, 1, 10)
+    bias[0, ..., 7:] = torch.finfo(torch.float32).min  # padding in the first sequence
+    no_drop = fast.scaled_dot_product_attention(q, k, v, bias, 0.0)
+    assert torch.allclose(no_drop, F.scaled_dot_product_attention(q, k, v, attn_mask=bias), atol=1e-6)
+    torch.manual_seed(4)
+    dropped = fast.scaled_dot_product_attention(q, k, v, bias, 0.2)
+    torch.manual_seed(4)
+    keep = fast.keep_mask((2, 3, 10, 10), 0.2)
+    probs = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8) + bias, dim=-1)
+    expected = (probs * keep / (1 - fast.effective_rate(0.2))) @ v
+    assert torch.allclose(dropped, expected, atol=1e-5)
+
+
+def test_switching_to_fast_dropout_changes_no_key_and_no_eval_output():
+    torch.manual_seed(5)
+    net = ElectraForPretraining(EncoderConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                              num_attention_heads=2, intermediate_size=64), disc_head=True).eval()
+    ids = torch.randint(5, 50, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[0, 9:] = 0
+    before_keys, before = list(net.state_dict()), net(ids, mask)
+    fast.set_fast_dropout(net, True)
+    assert list(net.state_dict()) == before_keys
+    dropouts = [m for m in net.modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and all(type(m) is fast.FastDropout and m.p == 0.1 for m in dropouts)
+    assert all(a.sdpa is fast.scaled_dot_product_attention for a in net.modules() if hasattr(a, "dropout_p"))
+    assert torch.equal(net(ids, mask), before)
+    net.train()
+    assert not torch.equal(net(ids, mask), before)  # dropout is live in training mode
+    fast.set_fast_dropout(net, False)
+    assert all(type(m) is torch.nn.Dropout for m in net.modules() if isinstance(m, torch.nn.Dropout))

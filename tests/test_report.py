@@ -1,0 +1,216 @@
+"""The report on MLflow runs written the way pre-training and fine-tuning write them: its medians equal the
+medians recomputed from the store, the newest finished run wins, failed and missing jobs are listed, the
+figures and the provenance are there, and the paper's numbers come from the one data file."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from electra_ablate import report, sweep, tracking
+
+SWEEP_FILE = """
+name: mini
+description: "A miniature Table 5"
+paper: table5_efficiency
+baseline: electra
+figures: [learning_curves, generator_size]
+tasks: [rte, mrpc]
+seeds: [0, 1, 2]
+checkpoints: [0.5, 1.0]
+pretrain: {model: tiny, trainer.max_steps: 100}
+variants:
+  electra: {objective: electra}
+  bert: {objective: bert}
+  replace_mlm: {objective: replace_mlm}
+"""
+
+# Final-checkpoint scores: variant -> task -> seed -> score (bert's rte seed 2 failed).
+FINAL = {
+    "electra": {"rte": [60.0, 64.0, 62.0], "mrpc": [80.0, 70.0, 75.0]},
+    "bert": {"rte": [55.0, 57.0], "mrpc": [71.0, 73.0, 72.0]},
+}
+HALF = {"electra": {"rte": [58.0, 59.0, 57.0], "mrpc": [70.0, 71.0, 72.0]},
+        "bert": {"rte": [50.0, 52.0, 51.0], "mrpc": [69.0, 69.5, 70.0]}}
+
+
+def make_context(tmp_path: Path, data_dir: Path) -> sweep.SweepContext:
+    path = tmp_path / "mini.yaml"
+    path.write_text(SWEEP_FILE)
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "outputs" / "cache")}
+    return sweep.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
+
+
+def start(client, tags, params=None) -> tracking.RunLogger:
+    time.sleep(0.003)  # distinct start times: "newest" must be well defined
+    return tracking.RunLogger.start(client, "mini", tags.get("variant", "run"), {k: str(v) for k, v in tags.items()}, params)
+
+
+def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0) -> str:
+    cfg_hash = tracking.config_hash(ctx.compose_pretrain(sweep.PretrainJob(variant, seed)))
+    tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "mini", "seed": seed,
+            "objective": variant, "generator": "neural", "generator_hidden_size": 0.25, "disc_hidden_size": 128,
+            "git_commit": "abc123", "checkpoints": json.dumps({"50": "/ckpt/step_50", "100": "/ckpt/final"})}
+    run = start(client, tags, {"trainer.max_steps": "100"})
+    per_step = 1e9 if variant == "electra" else 0.8e9
+    for step in range(10, 101, 10):
+        run.log_metrics({"train/flops": per_step * step}, step)
+    run.log_metrics({"flops/total": per_step * 100}, 100)
+    run.finish(status)
+    return run.run_id
+
+
+def finetune_run(client, pretrain_id: str, variant: str, step: int, task: str, seed: int, score: float | None,
+                 status: str = "FINISHED") -> str:
+    tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id, "pretrained_step": step,
+            "variant": variant, "sweep": "mini", "config_hash": f"{variant}{step}{task}{seed}", "git_commit": "abc123"}
+    run = start(client, tags)
+    if score is not None:
+        run.log_metrics({"final/score": score, "final/accuracy": score / 100}, 3)
+    run.finish(status)
+    return run.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, data_dir):
+    ctx = make_context(tmp_path_factory.mktemp("store"), data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    ids = {v: pretrain_run(client, ctx, v) for v in ("electra", "bert")}
+    pretrain_run(client, ctx, "replace_mlm", status="FAILED")
+    pretrain_run(client, ctx, "electra", seed=5)  # same sweep, a seed outside the grid: never counted
+    # An older finished electra run for rte seed 0 with another score: the newest one must win.
+    finetune_run(client, ids["electra"], "electra", 100, "rte", 0, 1.0)
+    for scores, step in ((HALF, 50), (FINAL, 100)):
+        for variant, per_task in scores.items():
+            for task, values in per_task.items():
+                for seed, score in enumerate(values):
+                    finetune_run(client, ids[variant], variant, step, task, seed, score)
+    finetune_run(client, ids["bert"], "bert", 100, "rte", 2, None, status="FAILED")
+    return ctx, client, ids
+
+
+def recomputed_medians(uri: str) -> dict[tuple[str, str], float]:
+    """Medians straight from the store: newest FINISHED run per (pre-training run, task, seed), final step."""
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("mini")
+    runs = client.search_runs([exp.experiment_id], "tags.kind = 'finetune' and attributes.status = 'FINISHED' "
+                              "and tags.pretrained_step = '100'", order_by=["attributes.start_time DESC"])
+    newest: dict = {}
+    for r in runs:
+        newest.setdefault((r.data.tags["variant"], r.data.tags["task"], r.data.tags["seed"]), r.data.metrics["final/score"])
+    values: dict = {}
+    for (variant, task, _), score in newest.items():
+        values.setdefault((variant, task), []).append(score)
+    return {k: float(np.median(v)) for k, v in values.items()}
+
+
+def test_report_medians_equal_the_stored_runs(store, tmp_path):
+    ctx, client, ids = store
+    path = report.write_report(ctx, client, tmp_path / "reports")
+    data = report.collect(ctx, client)
+    summary = report.summarize(data)
+
+    expected = recomputed_medians(ctx.tracking_uri)
+    assert expected[("electra", "rte")] == 62.0  # the newer run (60.0) replaced the older 1.0
+    for (variant, task), median in expected.items():
+        assert summary.medians.loc[variant, task] == pytest.approx(median)
+    assert summary.tasks == ["mrpc", "rte"]  # GLUE order
+    assert summary.glue["electra"] == pytest.approx((62.0 + 75.0) / 2)
+    assert summary.glue["bert"] == pytest.approx((56.0 + 72.0) / 2)
+    assert summary.glue["replace_mlm"] is None
+
+    text = path.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| electra (ELECTRA) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # variant, MRPC, RTE, GLUE, paper, Δ paper, Δ vs baseline, runs
+    assert cells[1:4] == ["75.0", "62.0", "**68.5**"] and cells[4] == "85.0" and cells[5] == "-16.5"
+    assert cells[6] == "baseline" and cells[7] == "3"
+    bert_row = next(line for line in text.splitlines() if line.startswith("| bert (BERT) |"))
+    assert "| 2–3 |" in bert_row  # rte has 2 finished runs, mrpc 3
+
+
+def test_bootstrap_interval_and_spread(store, tmp_path):
+    ctx, client, _ = store
+    summary = report.summarize(report.collect(ctx, client))
+    d, lo, hi = summary.differences["bert"]
+    assert d == pytest.approx(64.0 - 68.5)
+    assert lo <= d <= hi
+    # Deterministic: the fixed seed gives the same interval twice.
+    assert report.summarize(report.collect(ctx, client)).differences["bert"] == (d, lo, hi)
+    stats = summary.stats.loc[("electra", "mrpc")]
+    assert (stats["n"], stats["min"], stats["max"], stats["best"]) == (3, 70.0, 80.0, 80.0)
+    assert stats["std"] == pytest.approx(np.std([80.0, 70.0, 75.0], ddof=1))
+    # Per-seed GLUE only for seeds with every task: bert seed 2 has no rte.
+    seeds = summary.seed_glue
+    assert sorted(seeds[seeds["variant"] == "bert"]["glue"]) == [(55.0 + 71.0) / 2, (57.0 + 73.0) / 2]
+
+
+def test_bootstrap_interval_covers_zero_for_identical_samples():
+    x = {"rte": np.array([60.0, 61.0, 59.0, 62.0])}
+    d, lo, hi = report.bootstrap_difference(x, x)
+    assert d == 0 and lo < 0 < hi or (lo == hi == 0)
+
+
+def test_failed_and_missing_runs_are_listed_not_fatal(store, tmp_path):
+    ctx, client, ids = store
+    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    section = text.split("## Failed and missing runs")[1].split("##")[0]
+    assert re.search(r"pre-training replace_mlm seed 0 .*: FAILED .*not fine-tuned", section)
+    assert "fine-tuning bert-s0-final rte seed 2: FAILED" in section
+    assert "electra seed 5" not in text  # outside the grid
+
+
+def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
+    ctx, client, ids = store
+    data = report.collect(ctx, client)
+    curve = report.learning_curve(data).set_index(["variant", "fraction"])
+    assert curve.loc[("electra", 0.5), "flops"] == pytest.approx(50e9)
+    assert curve.loc[("bert", 1.0), "flops"] == pytest.approx(80e9)
+    assert curve.loc[("electra", 0.5), "glue"] == pytest.approx((58.0 + 71.0) / 2)
+
+
+def test_report_files_are_written_whole(store, tmp_path):
+    ctx, client, _ = store
+    out = tmp_path / "reports"
+    report.write_report(ctx, client, out)
+    report.write_report(ctx, client, out)  # again over the old one
+    assert sorted(p.name for p in out.iterdir()) == ["mini", "mini.md"]
+    assert sorted(p.name for p in (out / "mini").iterdir()) == ["generator_size.png", "glue.png", "learning_curves.png"]
+    text = (out / "mini.md").read_text()
+    for ref in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (out / ref).is_file(), ref
+    assert "Git commit(s) of the runs in the tables: abc123" in text
+    assert "mlflow ui --backend-store-uri" in text and "--host 127.0.0.1" in text
+
+
+def test_paper_numbers_come_from_the_data_file():
+    paper = report.load_paper_results()
+    assert paper["table5_efficiency"]["rows"]["electra"]["glue"] == 85.0
+    assert paper["weight_sharing"]["rows"]["all"]["glue"] == 84.4
+    assert paper["table1_small"]["rows"]["electra"]["by_fraction"][0.0625] == 74.1
+    assert paper["readme_expected_results"]["rows"]["electra_base"]["rte"] == 82.7
+    for section in paper.values():
+        assert section["source"] and isinstance(section["rows"], dict)
+    # The released-models sweep's rows resolve, and a README row's GLUE is the mean of its task numbers.
+    spec = sweep.load_sweep("released_models")
+    for v in spec.variants:
+        row, source = report.paper_row(spec, v.label)
+        assert row is not None and "README" in source
+    row = paper["readme_expected_results"]["rows"]["electra_small"]
+    assert report.paper_glue(row, ["cola", "rte"]) == (pytest.approx((57.0 + 66.7) / 2), True)
+
+
+def test_a_sweep_with_no_runs_yet_reports_everything_missing(tmp_path, data_dir):
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    assert "No fine-tuning run of a final checkpoint has finished yet." in text
+    for variant in ("electra", "bert", "replace_mlm"):
+        assert f"pre-training {variant} seed 0 (config " in text and "missing (no MLflow run)" in text

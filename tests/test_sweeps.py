@@ -1,0 +1,362 @@
+"""Sweep files and the sweep runner: every sweep composes with the real configs and names only existing
+options and keys, variants get the settings their paper table needs (equal FLOPs where the paper compares at
+equal compute), bad sweep files fail with one clear message, the GPU placement of parallel jobs never puts
+two jobs on one GPU (tested with fake GPUs), and a miniature sweep runs end to end (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from electra_ablate import flops, sweep
+from electra_ablate.model import EncoderConfig
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
+MODEL_KEYS = ("embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def scales_of(name: str) -> list[str | None]:
+    return list(yaml.safe_load((REPO / "sweeps" / f"{name}.yaml").read_text()).get("scales") or [None])
+
+
+def context(name, scale, tmp_path: Path, data_dir: Path) -> sweep.SweepContext:
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "cache")}
+    return sweep.make_context(name, scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
+
+
+ALL = [(name, scale) for name in SWEEP_FILES for scale in scales_of(name)]
+
+
+@pytest.mark.parametrize("name, scale", ALL, ids=[f"{n}-{s}" for n, s in ALL])
+def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_dir):
+    ctx = context(name, scale, tmp_path, data_dir)
+    composed = sweep.validate(ctx)
+    assert sorted(composed) == sorted(v.label for v in ctx.spec.pretrained_variants)
+    for v in ctx.spec.pretrained_variants:
+        cfg = composed[v.label]
+        assert (cfg.sweep.name, cfg.sweep.variant, cfg.sweep.keep_going) == (ctx.spec.name, v.label, True)
+        assert cfg.seed == ctx.spec.pretrain_seeds[0]
+        exported = [f for f in ctx.spec.checkpoints if f < 1]
+        assert list(cfg.trainer.export_fractions) == exported
+        for f in exported:  # every intermediate checkpoint falls on a whole step
+            assert (f * cfg.trainer.max_steps) == int(f * cfg.trainer.max_steps), (v.label, f)
+
+
+def encoder(cfg) -> EncoderConfig:
+    return EncoderConfig(vocab_size=30522, **{k: cfg.model[k] for k in MODEL_KEYS})
+
+
+def budget(cfg) -> float:
+    """Training FLOPs of a composed pre-training config (two-stage: generator steps, then discriminator steps)."""
+    disc = encoder(cfg)
+    gen = disc.scaled(cfg.generator.hidden_size, cfg.generator.layers) if "hidden_size" in cfg.generator else None
+    args = (disc, gen, cfg.objective.name, cfg.data.batch_size, cfg.data.max_seq_length)
+    steps = cfg.trainer.max_steps
+    if cfg.algorithm.name == "two_stage":
+        switch = cfg.algorithm.get("switch_fraction", 0.5)
+        return steps * (switch * flops.pretrain_flops_per_step(*args, stage="generator")
+                        + (1 - switch) * flops.pretrain_flops_per_step(*args, stage="discriminator"))
+    return flops.pretrain_flops_per_step(*args) * steps
+
+
+@pytest.mark.parametrize("scale", scales_of("training_algorithms"))
+def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
+    ctx = context("training_algorithms", scale, tmp_path, data_dir)
+    cfgs = {v.label: ctx.compose_pretrain(sweep.PretrainJob(v.label, 0)) for v in ctx.spec.variants}
+    assert {c.algorithm.name for c in cfgs.values()} == {"joint", "two_stage", "adversarial"}
+    budgets = {k: budget(c) for k, c in cfgs.items()}
+    for k, b in budgets.items():
+        assert b == pytest.approx(budgets["joint"], rel=0.01), (k, budgets)
+
+
+@pytest.mark.parametrize("scale", scales_of("table1_small"))
+def test_table1_bert_gets_equal_compute(scale, tmp_path, data_dir):
+    ctx = context("table1_small", scale, tmp_path, data_dir)
+    electra, bert = (ctx.compose_pretrain(sweep.PretrainJob(v, 0)) for v in ("electra", "bert"))
+    assert budget(bert) == pytest.approx(budget(electra), rel=0.10)  # equal compute, as Table 1 compares them
+    if scale == "small":
+        assert (electra.trainer.max_steps, bert.trainer.max_steps) == (1_000_000, 1_450_000)  # paper Table 6
+
+
+def test_scales_change_what_they_say(tmp_path, data_dir):
+    base = context("table5_efficiency", "base", tmp_path, data_dir)
+    cfg = base.compose_pretrain(sweep.PretrainJob("bert", 0))
+    assert (cfg.model.name, cfg.objective.name, cfg.data.max_seq_length, cfg.trainer.max_steps) == ("base", "bert", 512, 1_000_000)
+    assert base.compose_pretrain(sweep.PretrainJob("electra_15", 0)).trainer.max_steps == 766_000
+    gen = context("generator_size", "tiny", tmp_path, data_dir).spec
+    assert len(gen.variants) == 12 and gen.variant("d64-g1_4").axes == {"discriminator": "d64", "generator": "g1_4"}
+    cfg = context("generator_size", "tiny", tmp_path, data_dir).compose_pretrain(sweep.PretrainJob("d64-unigram", 0))
+    assert cfg.model.hidden_size == 64 and cfg.generator._target_.endswith("UnigramGenerator")
+    quick = sweep.load_sweep("quick")
+    assert set(quick.tasks) <= {"cola", "sst2", "mrpc", "stsb", "rte"}  # local GLUE data only
+    assert len(quick.seeds) == 3 and quick.paper == "table5_efficiency"
+
+
+BAD = {
+    "unknown top-level key": ("name: x\ntasks: [rte]\nvariant: {a: {}}\n", r"unknown key\(s\) \['variant'\]"),
+    "scale not defined": ("tasks: [rte]\nvariants: {a: {}}\nscales: {tiny: {}}\n", r"scale=None is not one of its scales \['tiny'\]"),
+    "label with a dot": ("tasks: [rte]\nvariants: {g0.5: {}}\n", r"label 'g0.5' may only use"),
+    "baseline": ("tasks: [rte]\nbaseline: b\nvariants: {a: {}}\n", r"baseline 'b' is not a variant"),
+    "no final checkpoint": ("tasks: [rte]\ncheckpoints: [0.5]\nvariants: {a: {}}\n", r"include 1.0"),
+    "unknown task": ("tasks: [rtee]\nvariants: {a: {}}\n", r"tasks=\['rtee'\] must be"),
+    "scale names unknown variant": ("tasks: [rte]\nvariants: {a: {}}\ndefault_scale: t\nscales: {t: {variants: {b: {}}}}\n",
+                                    r"scales.t.variants names \['b'\]"),
+    "pretrained with overrides": ("tasks: [rte]\nvariants: {a: {pretrained: 'hf:x', objective: bert}}\n", r"would be ignored"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_sweep_files_fail_with_one_clear_message(case, tmp_path):
+    text, message = BAD[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(sweep.SweepError, match=message):
+        sweep.load_sweep(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_step: 5", r"\['trainer.max_step'\] are not keys of the pretrain config"),
+    ("objective: electraa", "electraa"),
+])
+def test_misspelt_keys_and_options_fail_before_any_job(override, message, tmp_path, data_dir):
+    path = tmp_path / "typo.yaml"
+    path.write_text(f"tasks: [rte]\nvariants:\n  a: {{{override}}}\n")
+    with pytest.raises(Exception, match=message):
+        sweep.validate(context(path, None, tmp_path, data_dir))
+
+
+def test_unknown_sweep_lists_the_known_ones():
+    with pytest.raises(sweep.SweepError, match=r"no sweep named 'table9'.*known sweeps: .*quick"):
+        sweep.load_sweep("table9")
+
+
+@pytest.mark.parametrize("value", ["/tmp/a-b/c.d", "sqlite:////x y/m.db", "it's", "true", "007", "a,b", "${x}", 0.5, 3, None])
+def test_quoted_values_parse_back_to_themselves(value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_override(f"key={sweep.quote(value)}").value()
+    assert parsed == value and type(parsed) is type(value)
+
+
+# --- launchers and GPU placement ------------------------------------------------------------------------------
+
+
+def test_launcher_overrides_are_handed_on():
+    given = ["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=4", "hydra.run.dir=/x", "+hydra.callbacks.x._target_=y",
+             "hydra.job.chdir=true"]
+    assert sweep.launcher_overrides(given) == ["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=4", "+hydra.callbacks.x._target_=y"]
+
+
+@pytest.mark.parametrize("preset, check", [
+    ("joblib_gpu", lambda h: h.launcher._target_.endswith("JoblibLauncher") and h.callbacks.gpu_slot._target_ == "electra_ablate.sweep.GpuSlot"),
+    ("slurm_gpu", lambda h: h.launcher._target_.endswith("SlurmLauncher") and h.launcher.gpus_per_node == 1),
+    ("ray_gpu", lambda h: h.launcher.ray.remote.num_gpus == 1),
+])
+def test_launcher_presets_compose(preset, check):
+    from hydra import compose, initialize_config_dir
+
+    with sweep._fresh_hydra(), initialize_config_dir(config_dir=str(sweep.CONF_DIR), version_base="1.3"):
+        cfg = compose("pretrain", overrides=[f"hydra/launcher={preset}", "paths.root_dir=.", "paths.output_dir=."],
+                      return_hydra_config=True)
+    assert check(cfg.hydra)
+
+
+def test_a_launcher_without_its_plugin_fails_before_any_job():
+    import importlib.util
+
+    if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None:
+        pytest.skip("the Ray launcher is installed here")
+    with pytest.raises(sweep.SweepError, match=r"RayLauncher cannot be imported.*pip install"):
+        sweep.check_launcher(["hydra/launcher=ray_gpu"])
+
+
+def test_visible_gpus():
+    assert sweep.visible_gpus("0,1, 3", "0\n1\n2\n3\n") == ["0", "1", "3"]  # CUDA_VISIBLE_DEVICES wins
+    assert sweep.visible_gpus(None, "0\n1\n") == ["0", "1"]
+    assert sweep.visible_gpus("", None) == [] and sweep.visible_gpus("-1", None) == []
+    assert sweep.visible_gpus(None, None) == []
+
+
+def test_gpu_candidates_spread_jobs_and_keep_a_bound_process_on_its_gpu():
+    gpus = ["0", "1", "2", "3"]
+    assert [sweep.gpu_candidates(gpus, k, None)[0] for k in range(6)] == ["0", "1", "2", "3", "0", "1"]
+    assert sweep.gpu_candidates(gpus, 2, None) == ["2", "3", "0", "1"]  # any free GPU, own slot first
+    assert sweep.gpu_candidates(gpus, 2, "1") == ["1"]  # CUDA already bound in this worker
+    assert sweep.gpu_candidates([], 5, None) == []
+    with pytest.raises(RuntimeError, match="bound to GPU 7"):
+        sweep.gpu_candidates(gpus, 0, "7")
+
+
+HOLDER = """
+import sys, time, os
+from pathlib import Path
+from electra_ablate.sweep import GpuSlot
+slot = GpuSlot(lock_dir=sys.argv[1], poll_s=0.05, gpus="a,b")
+gpu = slot.acquire(int(sys.argv[2]))
+print(gpu, os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
+release = Path(sys.argv[1]) / f"release{sys.argv[2]}"
+while not release.exists():
+    time.sleep(0.05)
+slot.release()
+"""
+
+
+def test_gpu_slots_never_share_a_gpu_between_concurrent_jobs(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def holder(job: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), str(job)], stdout=subprocess.PIPE, text=True, env=env)
+
+    first, second = holder(0), holder(2)  # job 2 prefers GPU a too (2 mod 2): only one of them gets it
+    gpu_first, gpu_second = first.stdout.readline().split()[0], second.stdout.readline().split()[0]
+    assert {gpu_first, gpu_second} == {"a", "b"}
+    third = holder(1)
+    time.sleep(0.5)
+    assert third.poll() is None  # both GPUs busy: the third job waits
+    (tmp_path / "release0").touch()
+    first.wait(timeout=30)
+    # It takes the GPU the first job freed, and CUDA_VISIBLE_DEVICES names only that one.
+    assert third.stdout.readline().split() == [gpu_first, gpu_first]
+    for job in (1, 2):
+        (tmp_path / f"release{job}").touch()
+    for p in (second, third):
+        assert p.wait(timeout=30) == 0
+
+
+def test_gpu_slot_does_nothing_without_gpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv(sweep._ALL_GPUS_ENV, raising=False)
+    assert sweep.GpuSlot(lock_dir=str(tmp_path)).acquire(0) is None
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# --- end to end ---------------------------------------------------------------------------------------------
+
+MINI = """
+name: {name}
+description: "miniature sweep (tests)"
+paper: table5_efficiency
+baseline: electra
+tasks: [rte]
+seeds: {seeds}
+pretrain_seeds: [0, 1]
+pretrain:
+  model: tiny
+  model.hidden_size: 32
+  model.embedding_size: 32
+  model.num_hidden_layers: 1
+  model.num_attention_heads: 1
+  model.intermediate_size: 64
+  model.generator_fraction: 0.5
+  data.max_seq_length: 32
+  data.batch_size: 8
+  data.max_docs: 200
+  trainer.max_steps: 4
+  optim.warmup_steps: 1
+  runtime.num_workers: 0
+  trainer.enable_progress_bar: false
+finetune:
+  glue_data.max_seq_length: 32
+  glue_data.max_train_examples: 32
+  glue_data.max_eval_examples: 32
+  task.epochs: 1
+  runtime.num_workers: 0
+  trainer.enable_progress_bar: false
+variants:
+  electra: {{objective: electra}}
+  bert: {{objective: bert}}
+{extra}
+"""
+# A variant whose every job fails inside training, after its MLflow run started: a NaN loss weight makes the
+# loss diverge at the first step.
+BROKEN = "  broken: {objective: electra, objective.disc_weight: .nan}"
+
+
+def run_cli(tmp_path: Path, data_dir: Path, cache: Path, sweep_file: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PYTHONPATH"] = str(REPO)
+    cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={sweep_file}", f"paths.root_dir={tmp_path}",
+           f"paths.data_dir={data_dir}", f"paths.cache_dir={cache}", f"report_dir={tmp_path}/reports", *extra]
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
+def kinds(uri: str, experiment: str) -> dict[str, list]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    out: dict[str, list] = {}
+    for r in client.search_runs([exp.experiment_id], max_results=1000):
+        out.setdefault(r.data.tags.get("kind"), []).append(r)
+    return out
+
+
+@pytest.fixture(scope="module")
+def token_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.slow
+def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, token_cache):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MINI.format(name="mini", seeds="[0, 1]", extra=BROKEN))
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    out = run_cli(tmp_path, data_dir, token_cache, path).stdout
+    assert "pretrain: 6 job(s) launched" in out and "finetune: 8 job(s) launched" in out
+
+    runs = kinds(uri, "mini")
+    pre = {(r.data.tags["variant"], r.data.tags["seed"]): r.info.status for r in runs["pretrain"]}
+    assert pre == {("electra", "0"): "FINISHED", ("electra", "1"): "FINISHED", ("bert", "0"): "FINISHED",
+                   ("bert", "1"): "FINISHED", ("broken", "0"): "FAILED", ("broken", "1"): "FAILED"}
+    ft = runs["finetune"]
+    assert len(ft) == 8 and all(r.info.status == "FINISHED" for r in ft)
+    parents = {r.info.run_id for r in runs["pretrain"]}
+    assert all(r.data.tags["mlflow.parentRunId"] in parents and r.data.tags["variant"] in ("electra", "bert") for r in ft)
+
+    # The report: medians equal the stored runs', the failed jobs are listed.
+    text = (tmp_path / "reports" / "mini.md").read_text()
+    for variant in ("electra", "bert"):
+        scores = sorted(r.data.metrics["final/score"] for r in ft if r.data.tags["variant"] == variant)
+        median = (scores[1] + scores[2]) / 2  # 4 runs: 2 pre-training x 2 fine-tuning seeds
+        row = next(line for line in text.splitlines() if line.startswith(f"| {variant} ("))
+        assert row.split("|")[2].strip() == f"{median:.1f}", row
+    assert "pre-training broken seed 0" in text and "FAILED" in text
+    assert "## How this was produced" in text and "electra_ablate.pretrain -m" in text
+
+    # Again: nothing is launched, nothing new is written.
+    out = run_cli(tmp_path, data_dir, token_cache, path).stdout
+    assert "pretrain: 2 job(s) launched" in out  # the broken variant is retried...
+    again = kinds(uri, "mini")
+    assert len(again["pretrain"]) == 8 and len(again["finetune"]) == 8  # ...and fails again; the rest is skipped
+    assert {r.info.run_id for r in again["finetune"]} == {r.info.run_id for r in ft}
+
+
+@pytest.mark.slow
+def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cache):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MINI.format(name="minijob", seeds="[0]", extra=""))
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2").stdout
+    assert "pretrain: 4 job(s) launched" in out and "finetune: 4 job(s) launched" in out
+    runs = kinds(uri, "minijob")
+    assert sorted(r.info.status for r in runs["pretrain"]) == ["FINISHED"] * 4
+    assert sorted(r.info.status for r in runs["finetune"]) == ["FINISHED"] * 4
+    sweeps = runs["sweep"]
+    assert sweeps[0].data.tags["launcher"] == "hydra/launcher=joblib hydra.launcher.n_jobs=2"
+    phase = json.loads(sweeps[0].data.tags["phase.pretrain"])
+    assert "hydra/launcher=joblib" in phase["command"] and phase["returncode"] == 0
+    assert (tmp_path / "reports" / "minijob.md").is_file()
+    # Nothing left to do: a second run launches nothing at all.
+    out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib").stdout
+    assert "pretrain: 0 job(s) launched" in out and "finetune: 0 job(s) launched" in out
+    assert len(kinds(uri, "minijob")["pretrain"]) == 4
