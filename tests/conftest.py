@@ -27,3 +27,53 @@ def _no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+# A pre-training config small enough for hundreds of CPU steps: 2 layers, hidden 64, sequences of 64, and a
+# 2000-token WordPiece vocabulary trained on the sample (small output layers).
+TINY_PRETRAIN = {
+    "model": "tiny",
+    "model.hidden_size": "64",
+    "model.embedding_size": "32",
+    "model.num_hidden_layers": "2",
+    "model.num_attention_heads": "2",
+    "model.intermediate_size": "128",
+    "model.generator_fraction": "0.5",
+    "data.max_seq_length": "64",
+    "data.batch_size": "16",
+    "data.max_docs": "400",
+    "data.train_vocab_size": "2000",
+    "runtime.num_workers": "0",
+    "trainer.enable_progress_bar": "false",
+    "optim.lr": "2e-3",
+    "optim.warmup_steps": "10",
+}
+
+
+@pytest.fixture(scope="session")
+def token_cache(tmp_path_factory) -> Path:
+    """One tokenized sample corpus for the whole session (the data cache is keyed by its inputs)."""
+    return tmp_path_factory.mktemp("token_cache")
+
+
+@pytest.fixture
+def pretrain_cfg(data_dir, token_cache):
+    """compose the real `pretrain` config with TINY_PRETRAIN, a store under `tmp`, and `overrides` (which win)."""
+    from hydra import compose, initialize_config_dir
+
+    def make(tmp: Path, *overrides: str):
+        settings = dict(TINY_PRETRAIN)
+        settings.update(
+            {
+                "paths.root_dir": str(tmp),
+                "paths.data_dir": str(data_dir),
+                "paths.output_dir": f"{tmp}/run",
+                "paths.cache_dir": str(token_cache),
+                "logger.tracking_uri": f"sqlite:///{tmp}/mlflow.db",
+            }
+        )
+        settings.update(o.split("=", 1) for o in overrides)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("pretrain", overrides=[f"{k}={v}" for k, v in settings.items()])
+
+    return make

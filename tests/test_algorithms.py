@@ -17,7 +17,6 @@ import pytest
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import flops, pretrain, sweep
@@ -29,46 +28,11 @@ from electra_ablate.objectives.electra import Electra
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-# As tests/test_pretrain.py: 2 layers, hidden 64, sequences of 64, a 2000-token WordPiece vocabulary.
-TINY = [
-    "model=tiny",
-    "model.hidden_size=64",
-    "model.embedding_size=32",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=128",
-    "model.generator_fraction=0.5",
-    "data.max_seq_length=64",
-    "data.batch_size=16",
-    "data.max_docs=400",
-    "data.train_vocab_size=2000",
-    "runtime.num_workers=0",
-    "trainer.enable_progress_bar=false",
-    "optim.lr=2e-3",
-    "optim.warmup_steps=4",
-]
 TWO_STAGE = ["algorithm=two_stage", "sharing=none", "generator.hidden_size=1.0", "generator.layers=1.0"]
 
 
-def compose_cfg(tmp: Path, data_dir: Path, *overrides: str, cache: Path | None = None):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            "pretrain",
-            overrides=[
-                *TINY,
-                f"paths.root_dir={tmp}",
-                f"paths.data_dir={data_dir}",
-                f"paths.output_dir={tmp}/run",
-                f"paths.cache_dir={cache or tmp / 'cache'}",
-                f"logger.tracking_uri=sqlite:///{tmp}/mlflow.db",
-                *overrides,
-            ],
-        )
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("token_cache")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,7 +81,7 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_two_stage_initialises_the_discriminator_from_the_generator_then_freezes_it(
-    tmp_path, data_dir, cache_dir, monkeypatch
+    tmp_path, pretrain_cfg, monkeypatch
 ):
     at_switch: dict = {}
     switch = TwoStage.switch
@@ -129,8 +93,8 @@ def test_two_stage_initialises_the_discriminator_from_the_generator_then_freezes
         at_switch["gen"] = {k: v.clone() for k, v in self.generator.state_dict().items()}
 
     monkeypatch.setattr(TwoStage, "switch", spy)
-    cfg = compose_cfg(tmp_path, data_dir, *TWO_STAGE, "trainer.max_steps=16", "logger.log_every_n_steps=3",
-                      "trainer.export_fractions=[0.5]", cache=cache_dir)
+    cfg = pretrain_cfg(tmp_path, *TWO_STAGE, "trainer.max_steps=16", "logger.log_every_n_steps=3",
+                      "trainer.export_fractions=[0.5]")
     run, hist = finished_run(tmp_path, pretrain.train(cfg))
 
     assert at_switch["step"] == 8
@@ -172,15 +136,15 @@ class StopAt(pl.Callback):
             raise RuntimeError("simulated crash")
 
 
-def test_two_stage_resumes_exactly_after_the_switch(tmp_path, data_dir, cache_dir):
+def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg):
     # Switch at 6, checkpoints every 4: the crash at 9 resumes from step 8, after the switch, so a second
     # copy of the generator into the trained discriminator would change every later loss.
     common = [*TWO_STAGE, "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4", "logger.log_every_n_steps=2"]
     straight = tmp_path / "straight"
-    _, expected = finished_run(straight, pretrain.train(compose_cfg(straight, data_dir, *common, cache=cache_dir)))
+    _, expected = finished_run(straight, pretrain.train(pretrain_cfg(straight, *common)))
 
     crashed = tmp_path / "crashed"
-    cfg = compose_cfg(crashed, data_dir, *common, cache=cache_dir)
+    cfg = pretrain_cfg(crashed, *common)
     with pytest.raises(RuntimeError, match="simulated crash"):
         pretrain.train(cfg, callbacks=[StopAt(9)])
     _, got = finished_run(crashed, pretrain.train(cfg))
@@ -216,8 +180,8 @@ def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tm
         (["algorithm=adversarial", "objective=bert"], "objective=electra or objective=electra_15"),
     ],
 )
-def test_impossible_algorithm_configs_fail_before_any_data_is_built(tmp_path, data_dir, overrides, fix):
-    cfg = compose_cfg(tmp_path, data_dir, *overrides, "trainer.max_steps=10")
+def test_impossible_algorithm_configs_fail_before_any_data_is_built(tmp_path, pretrain_cfg, overrides, fix):
+    cfg = pretrain_cfg(tmp_path, *overrides, "trainer.max_steps=10", f"paths.cache_dir={tmp_path}/cache")
     with pytest.raises(pretrain.ConfigError, match=fix.replace(".", r"\.")):
         pretrain.train(cfg)
     assert not (tmp_path / "cache").exists()
@@ -286,10 +250,9 @@ def test_learned_baseline_fits_its_target_and_reduces_the_variance():
     assert with_baseline < 0.25 * plain, (with_baseline, plain)
 
 
-def test_adversarial_steps_both_optimizers_once_per_batch(tmp_path, data_dir, cache_dir):
+def test_adversarial_steps_both_optimizers_once_per_batch(tmp_path, pretrain_cfg):
     snap = Snapshot()
-    cfg = compose_cfg(tmp_path, data_dir, "algorithm=adversarial", "trainer.max_steps=12", "logger.log_every_n_steps=4",
-                      cache=cache_dir)
+    cfg = pretrain_cfg(tmp_path, "algorithm=adversarial", "trainer.max_steps=12", "logger.log_every_n_steps=4")
     run, hist = finished_run(tmp_path, pretrain.train(cfg, callbacks=[snap]))
     assert snap.batches == 12, "one batch must be one global step even though two optimizers step"
 
@@ -333,10 +296,10 @@ def test_learned_lambda_starts_at_the_fixed_weights():
         Electra("electra", SPECIAL, 50, disc_weight="lerned")
 
 
-def test_learned_lambda_moves_stays_finite_and_is_not_decayed(tmp_path, data_dir, cache_dir):
+def test_learned_lambda_moves_stays_finite_and_is_not_decayed(tmp_path, pretrain_cfg):
     snap = Snapshot()
-    cfg = compose_cfg(tmp_path, data_dir, "objective.disc_weight=learned", "trainer.max_steps=20",
-                      "logger.log_every_n_steps=5", cache=cache_dir)
+    cfg = pretrain_cfg(tmp_path, "objective.disc_weight=learned", "trainer.max_steps=20",
+                      "logger.log_every_n_steps=5")
     assert cfg.objective.disc_weight == "learned"
     run, hist = finished_run(tmp_path, pretrain.train(cfg, callbacks=[snap]))
     assert run.data.tags["algorithm"] == "joint"

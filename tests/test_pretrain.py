@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
 
@@ -17,47 +16,11 @@ from electra_ablate import pretrain
 from electra_ablate.checkpoint import load_pretrained
 from electra_ablate.system import TrainingError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
-# A model small enough for hundreds of CPU steps: 2 layers, hidden 64, sequences of 64.
-TINY = [
-    "model=tiny",
-    "model.hidden_size=64",
-    "model.embedding_size=32",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.intermediate_size=128",
-    "model.generator_fraction=0.5",
-    "data.max_seq_length=64",
-    "data.batch_size=16",
-    "data.max_docs=400",
-    "data.train_vocab_size=2000",  # a small WordPiece vocabulary trained on the sample: fast output layers
-    "runtime.num_workers=0",
-    "trainer.enable_progress_bar=false",
-    "optim.lr=2e-3",
-    "optim.warmup_steps=10",
-]
 
 
-def compose_cfg(tmp: Path, data_dir: Path, *overrides: str, cache: Path | None = None):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(
-            "pretrain",
-            overrides=[
-                *TINY,
-                f"paths.root_dir={tmp}",
-                f"paths.data_dir={data_dir}",
-                f"paths.output_dir={tmp}/run",
-                f"paths.cache_dir={cache or tmp / 'cache'}",
-                f"logger.tracking_uri=sqlite:///{tmp}/mlflow.db",
-                *overrides,
-            ],
-        )
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("token_cache")  # one tokenized corpus for the whole module
+
 
 
 def losses(tmp: Path, run_id: str) -> dict[int, float]:
@@ -66,9 +29,9 @@ def losses(tmp: Path, run_id: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("objective", ["bert", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"])
-def test_every_objective_lowers_its_loss_on_real_text(tmp_path, data_dir, cache_dir, objective):
-    cfg = compose_cfg(tmp_path, data_dir, f"objective={objective}", "trainer.max_steps=100",
-                      "logger.log_every_n_steps=25", cache=cache_dir)
+def test_every_objective_lowers_its_loss_on_real_text(tmp_path, pretrain_cfg, objective):
+    cfg = pretrain_cfg(tmp_path, f"objective={objective}", "trainer.max_steps=100",
+                      "logger.log_every_n_steps=25")
     run_id = pretrain.train(cfg)
     hist = losses(tmp_path, run_id)
     assert sorted(hist) == [25, 50, 75, 100]
@@ -104,16 +67,16 @@ class StopAt(pl.Callback):
             raise RuntimeError("simulated crash")
 
 
-def test_interrupted_run_resumes_with_identical_losses(tmp_path, data_dir, cache_dir):
+def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg):
     common = ["objective=electra", "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=8",
               "logger.log_every_n_steps=4", "trainer.export_fractions=[0.5]"]
     straight = tmp_path / "straight"
-    cfg = compose_cfg(straight, data_dir, *common, cache=cache_dir)
+    cfg = pretrain_cfg(straight, *common)
     run_id = pretrain.train(cfg)
     expected = losses(straight, run_id)
 
     crashed = tmp_path / "crashed"
-    cfg = compose_cfg(crashed, data_dir, *common, cache=cache_dir)
+    cfg = pretrain_cfg(crashed, *common)
     with pytest.raises(RuntimeError, match="simulated crash"):
         pretrain.train(cfg, callbacks=[StopAt(13)])
     client = MlflowClient(f"sqlite:///{crashed}/mlflow.db")
@@ -130,37 +93,36 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, data_dir, cache
     assert set(json.loads(tags["checkpoints"])) == {"12", "24"}
 
 
-def test_a_finished_run_is_found_and_not_recomputed(tmp_path, data_dir, cache_dir):
-    cfg = compose_cfg(tmp_path, data_dir, "objective=bert", "trainer.max_steps=3", cache=cache_dir)
+def test_a_finished_run_is_found_and_not_recomputed(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3")
     first = pretrain.train(cfg)
-    again = compose_cfg(tmp_path, data_dir, "objective=bert", "trainer.max_steps=3", "runtime.num_workers=1",
-                        cache=cache_dir)  # a speed-only setting does not change the run's identity
+    again = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3", "runtime.num_workers=1")  # a speed-only setting does not change the run's identity
     assert pretrain.train(again) == first
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])) == 1
 
 
-def test_sharing_all_with_unequal_sizes_fails_before_any_data_is_built(tmp_path, data_dir):
-    cfg = compose_cfg(tmp_path, data_dir, "sharing=all", "generator.hidden_size=0.25")
+def test_sharing_all_with_unequal_sizes_fails_before_any_data_is_built(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "sharing=all", "generator.hidden_size=0.25", f"paths.cache_dir={tmp_path}/cache")
     with pytest.raises(pretrain.ConfigError, match="generator.hidden_size=1.0"):
         pretrain.train(cfg)
     assert not (tmp_path / "cache").exists()
 
 
-def test_sequence_longer_than_positions_is_rejected(tmp_path, data_dir):
-    cfg = compose_cfg(tmp_path, data_dir, "data.max_seq_length=256")
+def test_sequence_longer_than_positions_is_rejected(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "data.max_seq_length=256")
     with pytest.raises(pretrain.ConfigError, match="max_position_embeddings"):
         pretrain.train(cfg)
 
 
-def test_unknown_option_names_the_valid_ones(tmp_path, data_dir):
+def test_unknown_option_names_the_valid_ones(tmp_path, pretrain_cfg):
     with pytest.raises(ConfigCompositionException, match="electra_15"):
-        compose_cfg(tmp_path, data_dir, "objective=electra_10")
+        pretrain_cfg(tmp_path, "objective=electra_10")
 
 
-def test_diverging_loss_stops_with_a_clear_message(tmp_path, data_dir, cache_dir):
-    cfg = compose_cfg(tmp_path, data_dir, "objective=bert", "trainer.max_steps=50", "optim.lr=1e12",
-                      "optim.warmup_steps=0", "optim.max_grad_norm=1e30", cache=cache_dir)
+def test_diverging_loss_stops_with_a_clear_message(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=50", "optim.lr=1e12",
+                      "optim.warmup_steps=0", "optim.max_grad_norm=1e30")
     with pytest.raises(TrainingError, match="training diverged. Lower optim.lr"):
         pretrain.train(cfg)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -168,9 +130,8 @@ def test_diverging_loss_stops_with_a_clear_message(tmp_path, data_dir, cache_dir
     assert run.info.status == "FAILED"
 
 
-def test_pretrained_networks_keep_their_generator(tmp_path, data_dir, cache_dir):
-    cfg = compose_cfg(tmp_path, data_dir, "objective=electra", "sharing=embeddings", "trainer.max_steps=2",
-                      cache=cache_dir)
+def test_pretrained_networks_keep_their_generator(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "objective=electra", "sharing=embeddings", "trainer.max_steps=2")
     run_id = pretrain.train(cfg)
     path = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id).data.tags["checkpoint_path"]
     disc, info = load_pretrained(path)

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from electra_ablate.model import Networks
 
 IGNORE = -100
 
