@@ -593,10 +593,13 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
             lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
                          f"status {'RUNNING (this report)' if r['run_id'] == running_sweep_run else r['status']}, "
                          f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
-            for col in sorted(c for c in r.index if c.startswith("tags.phase.") and isinstance(r[c], str)):
+            for name in ("pretrain", "finetune"):
+                col = f"tags.phase.{name}"
+                if not isinstance(r.get(col), str):
+                    continue
                 phase = json.loads(r[col])
                 what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
-                lines.append(f"  - {col[len('tags.phase.'):]}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
+                lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
         last = sweeps.iloc[-1]
         lines += ["", f"- Machine of the last sweep: {last.get('tags.hardware', '?')}; {last.get('tags.platform', '?')}; "
                   f"Python {last.get('tags.python', '?')}", f"- Packages: {last.get('tags.packages', '?')}"]
@@ -609,7 +612,7 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
     jobs = jobs[jobs["run_id"].isin(grid)] if len(jobs) else jobs
     if len(jobs):
         commits = sorted(set(jobs.get("tags.git_commit", pd.Series(dtype=str)).dropna()))
-        seconds = (pd.to_datetime(jobs["end_time"], utc=True) - pd.to_datetime(jobs["start_time"], utc=True)).dt.total_seconds()
+        seconds = (_times(jobs["end_time"]) - _times(jobs["start_time"])).dt.total_seconds()
         hours = {k: seconds[g.index].sum() for k, g in jobs.groupby("tags.kind")}
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
                   "- Compute time of the runs in the tables (sum of run durations): "
@@ -620,8 +623,18 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
     return "\n".join(lines)
 
 
+def _times(column: pd.Series) -> pd.Series:
+    """MLflow's start/end times as UTC timestamps (mlflow.search_runs gives epoch milliseconds or datetimes)."""
+    if pd.api.types.is_numeric_dtype(column):
+        return pd.to_datetime(column, unit="ms", utc=True)
+    return pd.to_datetime(column, utc=True)
+
+
 def _when(ts) -> str:
-    return pd.Timestamp(ts).strftime("%Y-%m-%d %H:%M") if not _missing(ts) and ts is not pd.NaT else "?"
+    if _missing(ts) or ts is pd.NaT:
+        return "?"
+    stamp = pd.to_datetime(ts, unit="ms", utc=True) if isinstance(ts, (int, float, np.integer)) else pd.Timestamp(ts)
+    return stamp.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _duration(seconds) -> str:

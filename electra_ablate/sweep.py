@@ -159,8 +159,13 @@ def _int_list(raw, where: str) -> tuple[int, ...]:
 def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     """Read sweeps/<name>.yaml (or a path) at `scale`, with every check that needs no config composition."""
     path = sweep_path(name)
-    raw = yaml.safe_load(path.read_text()) or {}
     where = f"sweep file {path}"
+    try:  # OmegaConf's YAML reading, as Hydra's: 5e-4 is a float (plain YAML 1.1 would read a string)
+        raw = OmegaConf.to_container(OmegaConf.create(path.read_text() or "{}"))
+    except Exception as e:  # noqa: BLE001 - any parse error becomes one message naming the file
+        raise SweepError(f"{where} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise SweepError(f"{where} must be a mapping of keys ({', '.join(TOP_KEYS)})")
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         raise SweepError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(TOP_KEYS)}")
@@ -612,10 +617,27 @@ def multirun_command(module: str, sweep_args: Sequence[str], ctx: SweepContext, 
             *launcher, f"hydra.sweep.dir={quote(str(sweep_dir))}"]
 
 
+_SHELL_PLAIN = re.compile(r"^[A-Za-z0-9_/.,:=+@%-]+$")
+
+
+def shell_join(args: Sequence[str]) -> str:
+    """A command line to copy into a shell: plain words as they are, others in double quotes when that is
+    safe (Hydra overrides hold single quotes), else shlex quoting."""
+    out = []
+    for a in args:
+        if _SHELL_PLAIN.match(a):
+            out.append(a)
+        elif not any(c in a for c in '"$`\\!'):
+            out.append(f'"{a}"')
+        else:
+            out.append(shlex.quote(a))
+    return " ".join(out)
+
+
 def launch(cmd: Sequence[str], dry_run: bool) -> int:
-    log.info("launching: %s", shlex.join(cmd))
+    log.info("launching: %s", shell_join(cmd))
     if dry_run:
-        print(shlex.join(cmd))
+        print(shell_join(cmd))
         return 0
     env = dict(os.environ)
     # The jobs import electra_ablate from this checkout whatever the working directory.
@@ -902,7 +924,7 @@ def run_sweep(
         if record is not None:
             record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
                                                             "seconds": round(r.seconds, 1),
-                                                            "command": shlex.join(r.command)}) for r in results})
+                                                            "command": shell_join(r.command)}) for r in results})
             record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
         if "report" in phases and not dry_run:
             from electra_ablate.report import write_report
@@ -939,9 +961,9 @@ def launcher_overrides(hydra_overrides: Sequence[str]) -> list[str]:
 @hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
 def main(cfg: DictConfig) -> str | None:
     ctx = context_from_cfg(cfg)
-    command = shlex.join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task,
-                          *HydraConfig.get().overrides.hydra])
-    result = run_sweep(ctx, launcher_overrides(HydraConfig.get().overrides.hydra), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run), command)
+    hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]
+    command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
+    result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run), command)
     for r in result.phases:
         print(f"{r.name}: {r.jobs} job(s) launched" + (f", exit code {r.returncode}" if r.returncode else "")
               + (f", {r.seconds:.0f} s" if r.seconds else ""))

@@ -26,7 +26,6 @@ from electra_ablate.checkpoint import load_pretrained
 from electra_ablate.objectives.base import SpecialIds
 from electra_ablate.objectives.electra import Electra
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 TWO_STAGE = ["algorithm=two_stage", "sharing=none", "generator.hidden_size=1.0", "generator.layers=1.0"]
 

@@ -148,6 +148,14 @@ def test_quoted_values_parse_back_to_themselves(value):
     assert parsed == value and type(parsed) is type(value)
 
 
+def test_recorded_commands_paste_back_into_a_shell():
+    import shlex
+
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", "-m", "hydra.searchpath=['file:///tmp/a b/conf']",
+           "+sweep_variant=electra,bert", "logger.tracking_uri='sqlite:////tmp/m.db'", "x=$HOME", 'q="x"']
+    assert shlex.split(sweep.shell_join(cmd)) == cmd
+
+
 # --- launchers and GPU placement ------------------------------------------------------------------------------
 
 
@@ -240,6 +248,26 @@ def test_gpu_slot_does_nothing_without_gpus(monkeypatch, tmp_path):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, data_dir):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "electra_ablate.sweep", "sweep=table1_small", "scale=tiny", "dry_run=true",
+         f"paths.root_dir={tmp_path}", f"paths.data_dir={data_dir}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+         "phases=[pretrain]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if "electra_ablate.pretrain -m" in x)
+    args = __import__("shlex").split(line)
+    assert "+sweep_variant=electra,bert" in args and "seed=0" in args
+    assert args[-3:-1] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    assert f"logger.tracking_uri='sqlite:///{tmp_path}/outputs/mlflow.db'" in args
+    generated = yaml.safe_load((tmp_path / "outputs/sweeps/table1_small/tiny/conf/sweep_variant/bert.yaml").read_text())
+    assert generated["defaults"] == [{"override /model": "tiny"}, {"override /data": "wiki_sample"}, {"override /objective": "bert"}]
+    assert generated["trainer"] == {"max_steps": 2624, "export_fractions": [0.0625, 0.125, 0.25, 0.5]}
+    assert "pretrain: 2 job(s) launched" in done.stdout
+
+
 # --- end to end ---------------------------------------------------------------------------------------------
 
 MINI = """
@@ -250,7 +278,7 @@ baseline: electra
 tasks: [rte]
 seeds: {seeds}
 pretrain_seeds: [0, 1]
-pretrain:
+pretrain:                         # data settings as conftest.TINY_PRETRAIN: the session's token cache serves
   model: tiny
   model.hidden_size: 32
   model.embedding_size: 32
@@ -258,9 +286,10 @@ pretrain:
   model.num_attention_heads: 1
   model.intermediate_size: 64
   model.generator_fraction: 0.5
-  data.max_seq_length: 32
+  data.max_seq_length: 64
   data.batch_size: 8
-  data.max_docs: 200
+  data.max_docs: 400
+  data.train_vocab_size: 2000
   trainer.max_steps: 4
   optim.warmup_steps: 1
   runtime.num_workers: 0
@@ -299,11 +328,6 @@ def kinds(uri: str, experiment: str) -> dict[str, list]:
     for r in client.search_runs([exp.experiment_id], max_results=1000):
         out.setdefault(r.data.tags.get("kind"), []).append(r)
     return out
-
-
-@pytest.fixture(scope="module")
-def token_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
 
 
 @pytest.mark.slow
