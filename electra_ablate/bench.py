@@ -645,9 +645,9 @@ def section_equal(s: Settings, rep: Report, model: str) -> None:
     worst = max(float((a - b).abs().max()) / max(float(b.abs().max()), floor) for a, b in pairs)
     compared = len(pairs)
     values = {
-        "total": (float(out.loss), float(ref_loss)),
-        "generator MLM": (float(out.sums["mlm_loss"][0]), float(gen_out.loss)),
-        "discriminator": (float(out.sums["disc_loss"][0]), float(disc_out.loss)),
+        "total": (out.loss.item(), ref_loss.item()),
+        "generator MLM": (out.sums["mlm_loss"][0].item(), gen_out.loss.item()),
+        "discriminator": (out.sums["disc_loss"][0].item(), disc_out.loss.item()),
     }
     rel = {k: abs(a - b) / max(abs(b), 1e-12) for k, (a, b) in values.items()}
     passed = max(rel.values()) < 1e-4 and worst < 1e-3 and compared > 0
@@ -1164,7 +1164,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5, help="timed steps per implementation in the main comparison")
-    p.add_argument("--piece-reps", type=int, default=3, help="timed steps per row in the other sections")
+    p.add_argument("--piece-reps", type=int, default=5, help="timed steps per row in the other sections")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--accumulate", type=int, default=4,
                    help="gradient-accumulation probe: micro-batches of --batch-size per step (default 4: 32 x 4 = "

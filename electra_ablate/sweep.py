@@ -31,9 +31,11 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -642,7 +644,24 @@ def launch(cmd: Sequence[str], dry_run: bool) -> int:
     env = dict(os.environ)
     # The jobs import electra_ablate from this checkout whatever the working directory.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    return subprocess.run(list(cmd), env=env, check=False).returncode
+    proc = subprocess.Popen(list(cmd), env=env)
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # A runner stopped by SIGTERM (a scheduler, `kill`) stops its multirun too instead of orphaning it.
+    previous = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def check_launcher(launcher: Sequence[str]) -> None:

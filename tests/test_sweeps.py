@@ -268,6 +268,32 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     assert "pretrain: 2 job(s) launched" in done.stdout
 
 
+RUNNER = """
+import sys
+from electra_ablate.sweep import launch
+child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+launch([sys.executable, "-c", child, sys.argv[1]], dry_run=False)
+"""
+
+
+def test_stopping_the_runner_stops_its_multirun(tmp_path):
+    import signal
+
+    pid_file = tmp_path / "child.pid"
+    runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(pid_file)], env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    runner.wait(timeout=60)
+    for _ in range(100):  # the child is terminated (and reaped by the runner) before the runner exits
+        if not Path(f"/proc/{child}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists()
+
+
 # --- end to end ---------------------------------------------------------------------------------------------
 
 MINI = """
