@@ -167,23 +167,6 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
         _recursive_=False,
     )
 
-    # An interrupted run with the same config continues in its own MLflow run from its last checkpoint.
-    resumed = _interrupted_run(client, cfg, cfg_hash) if last_ckpt.is_file() else None
-    if resumed is not None:
-        run = tracking.RunLogger(client, resumed)
-        client.update_run(resumed, status="RUNNING")
-        log.info("resuming run %s from %s", resumed, last_ckpt)
-    else:
-        run = tracking.RunLogger.start(
-            client,
-            cfg.logger.experiment,
-            run_name=cfg.run_name,
-            tags=run_tags(cfg, cfg_hash),
-            params=tracking.flatten(OmegaConf.to_container(cfg, resolve=True)),
-        )
-        run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
-    system.metrics_sink = run.log_metrics
-
     exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
 
     def save(step: int, name: str | None = None) -> Path:
@@ -242,6 +225,23 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     flops_args = (model.config, gen_cfg, cfg.objective.name, global_batch, cfg.data.max_seq_length)
     system.flops_per_step = pretrain_flops_per_step(*flops_args)
     system.stage_flops = {stage: pretrain_flops_per_step(*flops_args, stage=stage) for stage in STAGES}
+
+    # An interrupted run with the same config continues in its own MLflow run from its last checkpoint.
+    resumed = _interrupted_run(client, cfg, cfg_hash) if last_ckpt.is_file() else None
+    if resumed is not None:
+        run = tracking.RunLogger(client, resumed)
+        client.update_run(resumed, status="RUNNING")
+        log.info("resuming run %s from %s", resumed, last_ckpt)
+    else:
+        run = tracking.RunLogger.start(
+            client,
+            cfg.logger.experiment,
+            run_name=cfg.run_name,
+            tags=run_tags(cfg, cfg_hash),
+            params=tracking.flatten(OmegaConf.to_container(cfg, resolve=True)),
+        )
+        run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
+    system.metrics_sink = run.log_metrics
     try:
         trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resumed else None)
         if trainer.interrupted:
