@@ -50,7 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import tracking
+from electra_ablate import pretrain, tracking
 
 log = logging.getLogger(__name__)
 
@@ -510,6 +510,10 @@ def _validate(ctx: SweepContext) -> dict[str, DictConfig]:
         where = f"{spec.path.name}, variant {v.label}"
         _check_keys("pretrain", v.pretrain, ctx.base_overrides, where, seen)
         composed[v.label] = ctx.compose_pretrain(PretrainJob(v.label, spec.pretrain_seeds[0]))
+        try:  # impossible combinations (e.g. two-stage with unequal sizes) fail before anything is launched
+            pretrain.validate(composed[v.label])
+        except pretrain.ConfigError as error:
+            raise pretrain.ConfigError(f"{where}: {error}") from None
     checked: list = []
     for v in spec.variants:
         if (v.finetune, v.pretrained is None) in checked:
