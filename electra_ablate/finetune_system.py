@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from electra_ablate.glue import Features, TaskSpec, compute_metrics
 from electra_ablate.model import ElectraModel
 from electra_ablate.optim import linear_warmup_decay, no_decay
+from electra_ablate.system import FusedClipping
 
 # --- layer-wise learning rates -------------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class ClassificationHead(nn.Module):
         return self.dense(self.dropout(cls))  # (B, num_outputs)
 
 
-class FinetuneSystem(pl.LightningModule):
+class FinetuneSystem(FusedClipping, pl.LightningModule):
     def __init__(
         self,
         encoder: ElectraModel,

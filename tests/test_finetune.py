@@ -375,3 +375,17 @@ def test_a_failure_during_training_marks_the_run_failed(store, tmp_path, monkeyp
                  "sweep.keep_going=true", *TINY_MODEL)
     assert np.isnan(finetune.run(cfg))
     assert [r.info.status for r in runs_of(client, exp + "-keep-going")] == ["FAILED"]
+
+
+def test_bf16_mixed_with_fused_adamw_fine_tunes(store, tmp_path):
+    """The GPU defaults (bf16-mixed + fused AdamW, clip 1.0): Lightning's plugin refuses to clip for a fused
+    optimizer; FinetuneSystem clips by global norm itself (FusedClipping), so the run finishes."""
+    client, uri = store
+    exp = "bf16-fused"
+    ckpt = save_tiny(tmp_path / "pre", model_name="tiny")
+    cfg = config(tmp_path, uri, exp, f"pretrained={ckpt}", "task=rte", "task.epochs=1", "runtime.precision=bf16-mixed",
+                 "runtime.fused_adam=true", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8",
+                 "glue_data.batch_size=8")
+    finetune.run(cfg)
+    (run,) = runs_of(client, exp)
+    assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["final/score"])
