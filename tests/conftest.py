@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,3 +78,20 @@ def pretrain_cfg(data_dir, token_cache):
             return compose("pretrain", overrides=[f"{k}={v}" for k, v in settings.items()])
 
     return make
+
+
+
+class StopAt(pl.Callback):
+    """Simulates a crash right after a given step (resume tests)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("simulated crash")
+
+
+@pytest.fixture
+def stop_at():
+    return StopAt

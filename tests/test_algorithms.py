@@ -124,18 +124,7 @@ def test_two_stage_initialises_the_discriminator_from_the_generator_then_freezes
     assert hist["flops/total"][16] == pytest.approx(8 * gen_step + 8 * disc_step)
 
 
-class StopAt(pl.Callback):
-    """Simulates a crash right after a given step."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise RuntimeError("simulated crash")
-
-
-def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg):
+def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg, stop_at):
     # Switch at 6, checkpoints every 4: the crash at 9 resumes from step 8, after the switch, so a second
     # copy of the generator into the trained discriminator would change every later loss.
     common = [*TWO_STAGE, "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4", "logger.log_every_n_steps=2"]
@@ -145,7 +134,7 @@ def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg):
     crashed = tmp_path / "crashed"
     cfg = pretrain_cfg(crashed, *common)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        pretrain.train(cfg, callbacks=[StopAt(9)])
+        pretrain.train(cfg, callbacks=[stop_at(9)])
     _, got = finished_run(crashed, pretrain.train(cfg))
     for name in ("train/loss", "train/disc_loss", "train/mlm_loss", "train/switch_step", "train/lr"):
         assert got[name].keys() == expected[name].keys(), name

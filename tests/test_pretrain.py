@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
@@ -56,18 +55,7 @@ def test_every_objective_lowers_its_loss_on_real_text(tmp_path, pretrain_cfg, ob
     assert (Path(run.data.tags["checkpoint_path"]) / "vocab.txt").is_file()
 
 
-class StopAt(pl.Callback):
-    """Simulates a crash right after a given step."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise RuntimeError("simulated crash")
-
-
-def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg):
+def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, stop_at):
     common = ["objective=electra", "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=8",
               "logger.log_every_n_steps=4", "trainer.export_fractions=[0.5]"]
     straight = tmp_path / "straight"
@@ -78,7 +66,7 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg):
     crashed = tmp_path / "crashed"
     cfg = pretrain_cfg(crashed, *common)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        pretrain.train(cfg, callbacks=[StopAt(13)])
+        pretrain.train(cfg, callbacks=[stop_at(13)])
     client = MlflowClient(f"sqlite:///{crashed}/mlflow.db")
     (failed,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     assert failed.info.status == "FAILED"
