@@ -22,13 +22,15 @@ Special cases, reported in `Comparison.notes`:
 - one pre-training group in an arm: step 1 cannot vary it, so pre-training variance is not covered;
 - an arm with no pre-training (fine-tuned from random init, `pretrained=none`): each run's seed draws both
   the random encoder and the fine-tuning order, so every run is its own group (pass `group=None`);
-- no per-example predictions (old runs): `compare_scores` resamples only groups and runs, from each run's
-  final score; example variance is then not covered.
+- no per-example predictions (old runs): pass `RunScore`s (each run's final score) instead; groups and runs
+  are resampled, example variance is then not covered.
 
 Use:
     a = {"rte": [RunPredictions("pre-run-1", 0, idx, labels, preds), ...], "cola": [...]}
     result = compare(a, b)            # -> Comparison: estimate, low, high, sign_probability, tasks, notes
     result.tasks["rte"].estimate      # per-task differences, same fields
+    boot = bootstrap({"electra": a, "bert": b, "none": c})   # several arms, jointly: ArmSamples per arm
+    difference(best_of([boot.glue["g1_4"], boot.glue["g1_2"]]), boot.glue["g1"])   # any contrast of arms
 Every resample is vectorised: metrics come from example counts (B, N) and matrix products, so 1000
 samples over 1000 examples x 30 runs take about a second.
 """
@@ -207,18 +209,85 @@ class _Arm:
         return full, drawn
 
 
-def _difference(a: np.ndarray, b: np.ndarray, a_seeds, b_seeds, a_ex, b_ex, est_a, est_b, level) -> Difference:
-    d = a - b
-    ok = np.isfinite(d)
-    d = d[ok]
-    est = est_a - est_b
+class ArmSamples(NamedTuple):
+    """An arm's statistic (x 100): per bootstrap sample in three flavours, and on all the data."""
+
+    drawn: np.ndarray  # (B,) groups, runs and examples resampled
+    seeds: np.ndarray  # (B,) groups and runs resampled, every example once
+    examples: np.ndarray | None  # (B,) examples resampled, every run once; None without predictions
+    estimate: float  # macro-average over groups of the mean over runs, on all the data
+
+
+def best_of(arms: Sequence[ArmSamples]) -> ArmSamples:
+    """The best of several arms in every sample ("the best generator size lies among these")."""
+    ex = None if any(a.examples is None for a in arms) else np.max([a.examples for a in arms], axis=0)
+    return ArmSamples(np.max([a.drawn for a in arms], axis=0), np.max([a.seeds for a in arms], axis=0), ex,
+                      max(a.estimate for a in arms))
+
+
+class Bootstrap(NamedTuple):
+    glue: dict[str, ArmSamples]  # arm -> mean of its task statistics
+    tasks: dict[str, dict[str, ArmSamples]]  # task -> arm -> samples
+    groups: dict[str, int]  # arm -> pre-training groups
+    runs: dict[str, int]  # arm -> fine-tuning runs (all tasks)
+    examples: dict[str, int]  # task -> dev examples compared (0: final scores only)
+
+
+def bootstrap(arms: Mapping[str, Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]]],
+              tasks: Sequence[str] | None = None, samples: int = SAMPLES, seed: int = SEED) -> Bootstrap:
+    """Joint multi-bootstrap of any number of arms ({arm: {task: runs}}) on the tasks they all ran (GLUE
+    order; or `tasks`): one draw of examples per task shared by every arm, one draw of groups per arm shared
+    by its tasks. A task whose runs are RunScore (no predictions) is resampled over groups and runs only."""
+    tasks = [t for t in (tasks or glue.TASKS) if all(arm.get(t) for arm in arms.values())]
+    if not tasks:
+        raise MultiBootstrapError("no task has runs in every arm: " + "; ".join(
+            f"{name}: {sorted(t for t, runs in arm.items() if runs)}" for name, arm in arms.items()))
+    rng = np.random.default_rng(seed)
+    draws = {name: _Arm({t: arm[t] for t in tasks}, rng, samples) for name, arm in arms.items()}
+    per_task: dict[str, dict[str, ArmSamples]] = {}
+    examples = {}
+    for t in tasks:
+        task = glue.get_task(t)
+        runs = [r for arm in arms.values() for r in arm[t]]
+        if all(isinstance(r, RunPredictions) for r in runs):
+            labels, preds, n = _common_examples(task, runs)
+            w = rng.multinomial(n, np.full(n, 1 / n), size=samples)  # (B, N), the same for every arm
+            scores = resampled_metric(task, labels, preds, w)  # (B, R)
+            observed = _observed(task, preds, labels)  # (R,) on all the data
+        elif all(isinstance(r, RunScore) for r in runs):
+            n, scores, observed = 0, None, np.array([r.score for r in runs], dtype=float)
+        else:
+            raise MultiBootstrapError(f"task {t}: mixes runs with and without predictions; pass RunScore for all")
+        examples[t] = n
+        per_task[t], start = {}, 0
+        for name, arm in arms.items():
+            cols = slice(start, start + len(arm[t]))
+            start = cols.stop
+            full, drawn = draws[name].weights(t)
+            per_task[t][name] = ArmSamples(
+                drawn @ observed[cols] if scores is None else (drawn * scores[:, cols]).sum(1),
+                drawn @ observed[cols], None if scores is None else scores[:, cols] @ full, float(full @ observed[cols]))
+    mean = {}
+    for name in arms:
+        parts = [per_task[t][name] for t in tasks]
+        ex = None if any(p.examples is None for p in parts) else np.mean([p.examples for p in parts], axis=0)
+        mean[name] = ArmSamples(np.mean([p.drawn for p in parts], axis=0), np.mean([p.seeds for p in parts], axis=0),
+                                ex, float(np.mean([p.estimate for p in parts])))
+    return Bootstrap(mean, per_task, {name: len(d.names) for name, d in draws.items()},
+                     {name: sum(len(arm[t]) for t in tasks) for name, arm in arms.items()}, examples)
+
+
+def difference(a: ArmSamples, b: ArmSamples, level: float = LEVEL) -> Difference:
+    """A - B: the estimate, its percentile interval, the share of samples with the estimate's sign."""
+    d = a.drawn - b.drawn
+    d = d[np.isfinite(d)]  # a sample that drew none of a task's groups
+    est = a.estimate - b.estimate
     alpha = (1 - level) / 2
     low, high = np.quantile(d, [alpha, 1 - alpha]) if len(d) else (math.nan, math.nan)
     sign = 0.5 if est == 0 or not len(d) else float(np.mean(np.sign(d) == np.sign(est)))
-    sd_seeds = np.nanstd(a_seeds - b_seeds, ddof=1)
-    sd_examples = np.nanstd(a_ex - b_ex, ddof=1) if a_ex is not None else 0.0  # None: not resampled
-    return Difference(float(est), float(low), float(high), sign, float(np.std(d, ddof=1)), float(sd_seeds),
-                      float(sd_examples), float(est_a), float(est_b))
+    sd_examples = 0.0 if a.examples is None or b.examples is None else np.nanstd(a.examples - b.examples, ddof=1)
+    return Difference(float(est), float(low), float(high), sign, float(np.std(d, ddof=1)),
+                      float(np.nanstd(a.seeds - b.seeds, ddof=1)), float(sd_examples), a.estimate, b.estimate)
 
 
 def _common_examples(task: glue.TaskSpec, runs: Sequence[RunPredictions]):
@@ -241,86 +310,32 @@ def _common_examples(task: glue.TaskSpec, runs: Sequence[RunPredictions]):
     return labels, np.stack(preds), len(common)
 
 
-def _check(a: Mapping, b: Mapping, tasks) -> list[str]:
-    tasks = [t for t in (tasks or glue.TASKS) if a.get(t) and b.get(t)]
-    if not tasks:
-        raise MultiBootstrapError(f"no task has runs in both arms (A: {sorted(t for t in a if a[t])}, "
-                                  f"B: {sorted(t for t in b if b[t])})")
-    return tasks
-
-
-def _notes(arms: Sequence[_Arm], names: Sequence[str], examples: bool) -> tuple[tuple[str, ...], bool]:
-    notes = []
-    covered = all(len(arm.names) > 1 for arm in arms)
-    for arm, name in zip(arms, names):
-        if len(arm.names) == 1:
-            notes.append(f"arm {name} has one pre-training seed: pre-training variance is not covered")
-    if not examples:
-        notes.append("no per-example predictions: resampled over seeds only, dev-example variance is not covered")
-    return tuple(notes), covered
-
-
-def compare(a: Mapping[str, Sequence[RunPredictions]], b: Mapping[str, Sequence[RunPredictions]],
-            tasks: Sequence[str] | None = None, samples: int = SAMPLES, seed: int = SEED, level: float = LEVEL,
-            names: tuple[str, str] = ("A", "B")) -> Comparison:
-    """Multi-bootstrap of arm A - arm B: {task: runs} each; the tasks both arms ran (GLUE order) or `tasks`."""
-    tasks = _check(a, b, tasks)
-    rng = np.random.default_rng(seed)
-    arms = [_Arm({t: a[t] for t in tasks}, rng, samples), _Arm({t: b[t] for t in tasks}, rng, samples)]
-    per_task, stats, examples = {}, [], {}
-    for t in tasks:
-        task = glue.get_task(t)
-        labels, preds, n = _common_examples(task, [*a[t], *b[t]])
-        examples[t] = n
-        w = rng.multinomial(n, np.full(n, 1 / n), size=samples)  # (B, N), the same for both arms
-        scores = resampled_metric(task, labels, preds, w)  # (B, R)
-        observed = _observed(task, preds, labels)  # (R,) on all the data
-        split = len(a[t])
-        row = []
-        for arm, cols in ((arms[0], slice(0, split)), (arms[1], slice(split, None))):
-            full, drawn = arm.weights(t)
-            row += [
-                (drawn * scores[:, cols]).sum(1),  # groups, runs and examples drawn
-                drawn @ observed[cols],  # groups and runs only
-                scores[:, cols] @ full,  # examples only
-                float(full @ observed[cols]),  # the estimate
-            ]
-        stats.append(row)
-        per_task[t] = _difference(row[0], row[4], row[1], row[5], row[2], row[6], row[3], row[7], level)
-    mean = [np.mean([s[k] for s in stats], axis=0) for k in range(8)]
-    overall = _difference(mean[0], mean[4], mean[1], mean[5], mean[2], mean[6], mean[3], mean[7], level)
-    notes, covered = _notes(arms, names, True)
-    return Comparison(overall, per_task, (len(arms[0].names), len(arms[1].names)),
-                      (sum(len(a[t]) for t in tasks), sum(len(b[t]) for t in tasks)), examples, covered, notes)
-
-
 def _observed(task: glue.TaskSpec, preds: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Each run's paper metric x 100 on all the examples, with the project's metric code (glue.METRICS)."""
     return np.array([100 * glue.METRICS[task.paper_metric](p, labels) for p in preds])
 
 
-def compare_scores(a: Mapping[str, Sequence[RunScore]], b: Mapping[str, Sequence[RunScore]],
-                   tasks: Sequence[str] | None = None, samples: int = SAMPLES, seed: int = SEED,
-                   level: float = LEVEL, names: tuple[str, str] = ("A", "B")) -> Comparison:
-    """The fallback without predictions: resample groups and runs of each arm from the runs' final scores."""
-    tasks = _check(a, b, tasks)
-    rng = np.random.default_rng(seed)
-    arms = [_Arm({t: a[t] for t in tasks}, rng, samples), _Arm({t: b[t] for t in tasks}, rng, samples)]
-    per_task, stats = {}, []
-    for t in tasks:
-        row = []
-        for arm, runs in ((arms[0], a[t]), (arms[1], b[t])):
-            full, drawn = arm.weights(t)
-            observed = np.array([r.score for r in runs], dtype=float)
-            row += [drawn @ observed, float(full @ observed)]
-        stats.append(row)
-        per_task[t] = _difference(row[0], row[2], row[0], row[2], None, None, row[1], row[3], level)
-    mean = [np.mean([s[k] for s in stats], axis=0) for k in range(4)]
-    overall = _difference(mean[0], mean[2], mean[0], mean[2], None, None, mean[1], mean[3], level)
-    notes, covered = _notes(arms, names, False)
-    return Comparison(overall, per_task, (len(arms[0].names), len(arms[1].names)),
-                      (sum(len(a[t]) for t in tasks), sum(len(b[t]) for t in tasks)), {t: 0 for t in tasks},
-                      covered, notes)
+def notes(boot: Bootstrap, arms: Sequence[str]) -> tuple[str, ...]:
+    """What the comparison of these arms does not cover."""
+    out = [f"arm {a} has one pre-training seed: pre-training variance is not covered"
+           for a in arms if boot.groups[a] == 1]
+    if not all(boot.examples.values()):
+        out.append("no per-example predictions: resampled over seeds only, dev-example variance is not covered")
+    return tuple(out)
+
+
+def compare(a: Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]],
+            b: Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]], tasks: Sequence[str] | None = None,
+            samples: int = SAMPLES, seed: int = SEED, level: float = LEVEL,
+            names: tuple[str, str] = ("A", "B")) -> Comparison:
+    """Multi-bootstrap of arm A - arm B ({task: runs} each; RunScore runs for the fallback without
+    predictions) on the tasks both ran (GLUE order), or `tasks`."""
+    boot = bootstrap({names[0]: a, names[1]: b}, tasks, samples, seed)
+    per_task = {t: difference(s[names[0]], s[names[1]], level) for t, s in boot.tasks.items()}
+    groups = (boot.groups[names[0]], boot.groups[names[1]])
+    return Comparison(difference(boot.glue[names[0]], boot.glue[names[1]], level), per_task, groups,
+                      (boot.runs[names[0]], boot.runs[names[1]]), boot.examples, min(groups) > 1,
+                      notes(boot, names))
 
 
 def seeds_to_resolve(d: Difference, level: float = LEVEL) -> float | None:

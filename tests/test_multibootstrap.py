@@ -125,7 +125,7 @@ def test_arms_are_compared_on_their_common_examples_and_tasks():
     b["rte"][1] = bad._replace(labels=1 - bad.labels)
     with pytest.raises(mb.MultiBootstrapError, match="disagree on the gold labels"):
         mb.compare(a, b)
-    with pytest.raises(mb.MultiBootstrapError, match="no task has runs in both arms"):
+    with pytest.raises(mb.MultiBootstrapError, match="no task has runs in every arm"):
         mb.compare(a, cola)
 
 
@@ -146,12 +146,12 @@ def test_seed_level_fallback_without_predictions():
     rng = np.random.default_rng(8)
     a = {"rte": [mb.RunScore(f"g{g}", s, 70 + g + rng.normal(0, 1)) for g in range(3) for s in range(5)]}
     b = {"rte": [mb.RunScore(f"g{g}", s, 60 + g + rng.normal(0, 1)) for g in range(3) for s in range(5)]}
-    result = mb.compare_scores(a, b)
+    result = mb.compare(a, b)
     d = result.difference
     assert d.estimate == pytest.approx(np.mean([r.score for r in a["rte"]]) - np.mean([r.score for r in b["rte"]]))
     assert 0 < d.low < 10 < d.high and d.sd_examples == 0
     assert any("dev-example variance is not covered" in n for n in result.notes)
-    same = mb.compare_scores(a, a).difference
+    same = mb.compare(a, a).difference
     assert same.low < 0 < same.high
 
 
@@ -196,3 +196,20 @@ def test_a_thousand_samples_over_thirty_runs_take_seconds():
     start = time.perf_counter()
     mb.compare(a, b, samples=1000)
     assert time.perf_counter() - start < 20  # ~1 s on one core; generous for a loaded CI machine
+
+
+def test_several_arms_share_the_example_draw_and_best_of_takes_the_best():
+    rng = np.random.default_rng(11)
+    a, labels = synthetic_arm(rng, 0.70, groups=2, seeds=2)
+    b, _ = synthetic_arm(rng, 0.80, groups=2, seeds=2, labels=labels)
+    c, _ = synthetic_arm(rng, 0.60, groups=2, seeds=2, labels=labels)
+    boot = mb.bootstrap({"a": a, "b": b, "c": c})
+    assert boot.groups == {"a": 2, "b": 2, "c": 2} and boot.examples == {"rte": 400}
+    best = mb.best_of([boot.glue["a"], boot.glue["b"]])
+    assert best.estimate == boot.glue["b"].estimate
+    assert np.all(best.drawn >= boot.glue["a"].drawn) and np.all(best.drawn >= boot.glue["b"].drawn)
+    d = mb.difference(best, boot.glue["c"])
+    assert d.low > 0 and d.estimate == pytest.approx(boot.glue["b"].estimate - boot.glue["c"].estimate)
+    # Pairwise from the joint draw equals compare() with the same arms only in the estimate (draws differ).
+    assert mb.difference(boot.glue["b"], boot.glue["a"]).estimate == pytest.approx(
+        mb.compare(b, a).difference.estimate)
