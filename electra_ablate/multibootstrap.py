@@ -342,14 +342,15 @@ def seeds_to_resolve(d: Difference, level: float = LEVEL) -> float | None:
     """How many times the current seeds (pre-training and fine-tuning, scaled together) the interval needs
     to exclude 0, if the estimate held: the seed part of the variance shrinks as 1/k, the dev-example part
     does not. None when no number of seeds can (the estimate is 0, or example noise alone covers it)."""
-    z = _z(level)
+    z = z_score(level)
     room = (d.estimate / z) ** 2 - d.sd_examples ** 2
     if d.estimate == 0 or room <= 0:
         return None
     return max(1.0, d.sd_seeds ** 2 / room)
 
 
-def _z(level: float) -> float:
+def z_score(level: float = LEVEL) -> float:
+    """The normal quantile of a two-sided interval at `level` (1.96 for 95%)."""
     from scipy.stats import norm
 
     return float(norm.ppf(1 - (1 - level) / 2))

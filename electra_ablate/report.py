@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from electra_ablate import glue, tracking
+from electra_ablate import expected_max, glue, tracking, verdicts
 from electra_ablate.sweep import (
     Checkpoint,
     FinetuneKey,
@@ -294,7 +294,8 @@ def summarize(data: SweepData) -> Summary:
     return Summary(tasks, medians, glue_scores, stats, per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"]), differences)
 
 
-def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str) -> str:
+def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
+           verdict_lines: Sequence[str] = ()) -> str:
     spec = data.ctx.spec
     paper = load_paper_results()
     out = [f"# {spec.description}", ""]
@@ -358,6 +359,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         if "glue" in figures:
             out += [f"![GLUE per fine-tuning seed]({figures['glue']})", ""]
         out += _spread_section(spec, summary)
+        out += _expected_max_section(summary, figures)
     if "generator_size" in figures:
         out += ["## Generator size (paper Figure 3, left)", "",
                 "GLUE (median over fine-tuning seeds, band = interquartile range of the per-seed GLUE scores) against the "
@@ -365,6 +367,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                 f"![generator size]({figures['generator_size']})", ""]
     if "learning_curves" in spec.figures:
         out += _learning_section(data, figures, paper)
+    out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
     out += [f"- {p}" for p in data.problems] if data.problems else ["None: every job of the grid finished."]
     out += ["", "## How this was produced", "", provenance, ""]
@@ -404,6 +407,26 @@ def _spread_section(spec, summary: Summary) -> list[str]:
         out += [f"Ranking by median GLUE: {' > '.join(by_median)}. Ranking by best-of-N GLUE: {' > '.join(by_best)}"
                 + (" (the same order)." if by_median == by_best else " (a different order: the best-seed numbers would "
                    "change the conclusion)."), ""]
+    return out
+
+
+def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[str]:
+    out = ["## Expected best dev score of n runs", "",
+           "Expected validation performance (Dodge et al. 2019): the expected maximum of n fine-tuning runs drawn "
+           "from the runs made, band = +-1 standard deviation of that maximum (electra_ablate.expected_max). n = 1 "
+           "is the mean; a best-of-N number rises along the curve with N, so a best-seed result is only comparable "
+           "at the same N. The last panel is the mean over tasks of each seed's scores.", ""]
+    if "expected_max" in figures:
+        out += [f"![expected max]({figures['expected_max']})", ""]
+    rows = []
+    for v in summary.medians.index:  # the sweep's variant order
+        seeds = summary.seed_glue[summary.seed_glue["variant"] == v]["glue"].to_numpy()
+        if len(seeds):
+            mean, sd = expected_max.expected_max(seeds)
+            rows.append([v, len(mean), fmt(mean[0]), fmt(float(np.median(seeds))), f"{fmt(mean[-1])} ± {fmt(sd[-1], 2)}"])
+    if rows:
+        out += [f"Per-seed {verdicts.glue_label(summary.tasks)} scores (runs with every task):", "",
+                table(["variant", "runs N", "E[max of 1] (mean)", "median", "E[max of N] ± sd"], rows), ""]
     return out
 
 
@@ -666,7 +689,15 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
         figures["generator_size"] = f"{name}/generator_size.png"
     if "learning_curves" in ctx.spec.figures and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
-    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time))
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    if summary.tasks:
+        panels = expected_max.curves(final, summary.seed_glue, summary.tasks)
+        titles = {**{t: TASK_NAMES[t] for t in summary.tasks}, "glue": verdicts.glue_label(summary.tasks)}
+        if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
+            figures["expected_max"] = f"{name}/expected_max.png"
+    results = verdicts.verdicts(ctx.spec, final, client, load_paper_results())
+    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time),
+                  verdicts.render(results))
     md_tmp = report_dir / f".{name}.md.{os.getpid()}.tmp"
     md_tmp.write_text(text)
     # Swap the figure folder in, then the markdown that points at it.
