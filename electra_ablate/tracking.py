@@ -42,6 +42,10 @@ TAG_SWEEP = "sweep"
 TAG_VARIANT = "variant"
 TAG_CHECKPOINT = "checkpoint_path"
 TAG_PRETRAIN_RUN = "pretrain_run_id"
+# MLflow 3.x opens an experiment without this tag on its GenAI overview; "custom_model_development" (the UI's
+# ExperimentKind.CUSTOM_MODEL_DEVELOPMENT, i.e. classic ML training) makes it open on the runs table.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
@@ -68,7 +72,8 @@ def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     if client.get_experiment_by_name(experiment) is None:
         root = artifact_root(uri)
         try:
-            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None)
+            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None,
+                                     tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
         except mlflow.exceptions.MlflowException:
             pass  # created concurrently by another job of the same sweep
     return client
