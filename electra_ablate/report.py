@@ -320,12 +320,12 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         out.append(
             f"Each cell is the median over fine-tuning runs (the paper reports the median of 10, section 3.1) of "
             f"the task's paper metric x 100 after the last epoch (CoLA Matthews corr., STS-B Spearman, accuracy "
-            f"otherwise). GLUE = mean of the task medians over the tasks run here: {', '.join(TASK_NAMES[t] for t in tasks)}"
+            f"otherwise). {short_glue(tasks)} = mean of the task medians over the tasks run here: {', '.join(TASK_NAMES[t] for t in tasks)}"
             + (" (the paper's GLUE score averages eight tasks, so compare the differences between variants more than "
                "the absolute numbers)." if len(tasks) < 8 else ".") + " A paper number in parentheses is that "
             "task's published number; * marks a paper GLUE derived as the mean of its per-task numbers.")
         out.append("")
-        header = ["variant", *[TASK_NAMES[t] for t in tasks], "GLUE", "paper", "Δ paper"]
+        header = ["variant", *[TASK_NAMES[t] for t in tasks], short_glue(tasks), "paper", "Δ paper"]
         if spec.baseline:
             header.append(f"Δ vs {spec.baseline} [95% CI]")
         header.append("runs")
@@ -374,6 +374,12 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
     return "\n".join(out)
 
 
+def short_glue(tasks: Sequence[str]) -> str:
+    """'GLUE' for the paper's eight tasks, else 'GLUE-<n>' (the text names the tasks): a score over a subset is
+    never labelled plain GLUE."""
+    return verdicts.glue_label(tasks).split(":")[0]
+
+
 def _variant_name(label: str, row: Mapping | None) -> str:
     return f"{label} ({row['label']})" if row and row.get("label") and row["label"] != label else label
 
@@ -395,7 +401,7 @@ def _spread_section(spec, summary: Summary) -> list[str]:
                              fmt(r["min"]), fmt(r["max"]), fmt(r["best"])])
         seeds = summary.seed_glue[summary.seed_glue["variant"] == v.label]["glue"]
         present = [t for t in summary.tasks if t in s.index]
-        rows.append([v.label, "**GLUE**", len(seeds), fmt(summary.glue[v.label]), fmt(glue_of(s["mean"].to_dict())),
+        rows.append([v.label, f"**{short_glue(summary.tasks)}**", len(seeds), fmt(summary.glue[v.label]), fmt(glue_of(s["mean"].to_dict())),
                      fmt(seeds.std(ddof=1) if len(seeds) > 1 else math.nan, 2), fmt(seeds.min() if len(seeds) else math.nan),
                      fmt(seeds.max() if len(seeds) else math.nan), fmt(glue_of(s["best"].reindex(present).to_dict()))])
     out += [table(["variant", "task", "n", "median", "mean", "std", "min", "max", "best-of-N"], rows), ""]
@@ -497,7 +503,7 @@ def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
         if theirs is not None:
             ax.scatter([i], [theirs], marker="x", color="C3", s=40, label="paper" if i == 0 else None)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-    ax.set_ylabel(f"GLUE dev ({len(summary.tasks)} tasks)")
+    ax.set_ylabel(f"{short_glue(summary.tasks)} dev")
     ax.set_title(f"{spec.name}: GLUE per fine-tuning seed")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
