@@ -647,9 +647,17 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
                   "- Compute time of the runs in the tables (sum of run durations): "
                   + ", ".join(f"{k} {_duration(v)} over {int((jobs['tags.kind'] == k).sum())} runs" for k, v in hours.items())]
     lines += [f"- Sweep file: `sweeps/{data.ctx.spec.path.name}`; generated job configs: `{data.ctx.conf_dir}`",
-              f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, experiment "
-              f"`{data.ctx.experiment}` (fine-tuning runs are nested under their pre-training run)."]
+              f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, then "
+              f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "
+              "pre-training run)."]
     return "\n".join(lines)
+
+
+def _dashboard_link(data: SweepData) -> str:
+    ids = data.frame["experiment_id"].dropna().unique() if "experiment_id" in data.frame else []
+    if len(ids) != 1:
+        return "the experiment's page with the Model training view"
+    return f"<{tracking.dashboard_url('http://127.0.0.1:5000', str(ids[0]))}>"
 
 
 def _times(column: pd.Series) -> pd.Series:
