@@ -5,7 +5,8 @@ sweep, every claim whose variants it ran is tested with the multi-bootstrap (ele
 pre-training groups, fine-tuning runs and dev examples resampled together, MultiBERTs-style) on the final
 checkpoints' dev predictions, which every fine-tuning run logs (`predictions/dev_predictions.tsv`). Runs
 logged without that artifact fall back to their final scores (seeds resampled, examples not). A variant
-fine-tuned from `pretrained: none` (random init) has no pre-training: each of its runs is its own group.
+without pre-training (`pretrained: none`, or `random_init_of: <variant>`: random weights shaped like that
+variant's checkpoints) draws a fresh random encoder in every run, so each of its runs is its own group.
 
 A claim *holds* when the 95% interval of (better - worse) lies above 0, is *reversed* when it lies below,
 and is *unresolved at this scale* otherwise; for an unresolved claim the table says how many seeds the
@@ -103,11 +104,11 @@ def sweep_claims(spec, paper: Mapping, claims: Mapping | None = None) -> list[Cl
             if b and w:
                 where = ", ".join(f"{a}={o}" for a, o in rest)
                 out.append(Claim(entry["claim"] + (f" ({where})" if where else ""), entry["figure"], b, w))
-    floors = [v.label for v in spec.variants if v.pretrained == NO_PRETRAINING]
+    floors = [v.label for v in spec.variants if not pretrained(v)]
     for entry in claims.get("no_pretraining", []) if floors else []:
         for floor in floors:
             for v in spec.variants:
-                if v.pretrained != NO_PRETRAINING:
+                if pretrained(v):
                     out.append(Claim(f"{entry['claim']}: {v.label} > {floor}", entry["figure"], (v.label,), (floor,)))
     return out
 
@@ -115,10 +116,15 @@ def sweep_claims(spec, paper: Mapping, claims: Mapping | None = None) -> list[Cl
 # --- runs -> arms ------------------------------------------------------------------------------------------
 
 
+def pretrained(variant) -> bool:
+    """False for a variant fine-tuned from random weights: `pretrained: none` or `random_init_of: <label>`."""
+    return variant.pretrained != NO_PRETRAINING and getattr(variant, "random_init_of", None) is None
+
+
 def group_of(variant, pretrain_run) -> str | None:
     """A run's pre-training group: its pre-training run, the imported model for a `pretrained` variant, or
-    None (its own group) when the variant has no pre-training."""
-    if variant.pretrained == NO_PRETRAINING:
+    None (its own group) when the variant has no pre-training (each run draws its own random encoder)."""
+    if not pretrained(variant):
         return None
     if isinstance(pretrain_run, str) and pretrain_run:
         return pretrain_run
