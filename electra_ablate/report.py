@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from electra_ablate import glue, tracking
 from electra_ablate.sweep import (
+    random_init_checkpoints,
     Checkpoint,
     FinetuneKey,
     PretrainState,
@@ -124,6 +125,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
             problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); not fine-tuned")
         else:
             problems.append(f"{what}: missing (no MLflow run); not fine-tuned")
+    checkpoints += random_init_checkpoints(spec, checkpoints)
 
     ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
     ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft

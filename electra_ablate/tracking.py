@@ -42,6 +42,7 @@ TAG_SWEEP = "sweep"
 TAG_VARIANT = "variant"
 TAG_CHECKPOINT = "checkpoint_path"
 TAG_PRETRAIN_RUN = "pretrain_run_id"
+TAG_RANDOM_INIT = "random_init"  # "true" on fine-tuning runs from random weights shaped like a checkpoint
 
 
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
