@@ -266,7 +266,8 @@ def _variants(raw: dict, where: str) -> list[Variant]:
             what = f"pretrained={pretrained} as is" if pretrained is not None else f"random encoders shaped like {random_init_of}"
             raise SweepError(f"{where}: variant {label} fine-tunes {what}, so its pre-training overrides {sorted(body)} would be ignored")
         pretrain = {} if pretrained is not None or random_init_of is not None else _merge(common_pre, body)
-        out.append(Variant(label, pretrain, finetune, pretrained, expected_row, axes_of, random_init_of))
+        out.append(Variant(label, pretrain, finetune, pretrained=pretrained, expected_row=expected_row, axes=axes_of,
+                           random_init_of=random_init_of))
     labels = {label for label, _, _ in entries}
     for v in out:
         if v.random_init_of is None:

@@ -112,6 +112,12 @@ BAD = {
     "scale names unknown variant": ("tasks: [rte]\nvariants: {a: {}}\ndefault_scale: t\nscales: {t: {variants: {b: {}}}}\n",
                                     r"scales.t.variants names \['b'\]"),
     "pretrained with overrides": ("tasks: [rte]\nvariants: {a: {pretrained: 'hf:x', objective: bert}}\n", r"would be ignored"),
+    "random init of an unknown variant": ("tasks: [rte]\nvariants: {a: {}, none: {random_init_of: b}}\n",
+                                          r"random_init_of='b', which must name a pre-trained variant"),
+    "random init of a pretrained variant": ("tasks: [rte]\nvariants: {h: {pretrained: 'hf:x'}, none: {random_init_of: h}}\n",
+                                            r"random_init_of='h', which must name a pre-trained variant"),
+    "random init with overrides": ("tasks: [rte]\nvariants: {a: {}, none: {random_init_of: a, objective: bert}}\n",
+                                   r"random encoders shaped like a, so its pre-training overrides \['objective'\] would be ignored"),
 }
 
 
@@ -394,13 +400,20 @@ def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, 
 @pytest.mark.slow
 def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
-    path.write_text(MINI.format(name="minijob", seeds="[0]", extra=""))
+    # With a no-pre-training arm: random encoders shaped like each electra run (one group per pre-training seed).
+    path.write_text(MINI.format(name="minijob", seeds="[0]", extra="  none: {random_init_of: electra}"))
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
     out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2").stdout
-    assert "pretrain: 4 job(s) launched" in out and "finetune: 4 job(s) launched" in out
+    assert "pretrain: 4 job(s) launched" in out and "finetune: 6 job(s) launched" in out
     runs = kinds(uri, "minijob")
     assert sorted(r.info.status for r in runs["pretrain"]) == ["FINISHED"] * 4
-    assert sorted(r.info.status for r in runs["finetune"]) == ["FINISHED"] * 4
+    assert sorted(r.info.status for r in runs["finetune"]) == ["FINISHED"] * 6
+    electra = {r.info.run_id for r in runs["pretrain"] if r.data.tags["variant"] == "electra"}
+    none = [r for r in runs["finetune"] if r.data.tags["variant"] == "none"]
+    assert len(none) == 2 and all(r.data.tags["random_init"] == "true" and "mlflow.parentRunId" not in r.data.tags
+                                  for r in none)
+    assert {r.data.tags["pretrain_run_id"] for r in none} == electra
+    assert len({r.data.metrics["final/score"] for r in none} | {r.data.tags["config_hash"] for r in none}) >= 2
     sweeps = runs["sweep"]
     assert sweeps[0].data.tags["launcher"] == "hydra/launcher=joblib hydra.launcher.n_jobs=2"
     phase = json.loads(sweeps[0].data.tags["phase.pretrain"])
