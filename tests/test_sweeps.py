@@ -53,7 +53,8 @@ def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_
 
 
 def encoder(cfg) -> EncoderConfig:
-    return EncoderConfig(vocab_size=30522, **{k: cfg.model[k] for k in MODEL_KEYS})
+    vocab_size = cfg.data.train_vocab_size or 30522  # a trained vocabulary has the size asked for
+    return EncoderConfig(vocab_size=vocab_size, **{k: cfg.model[k] for k in MODEL_KEYS})
 
 
 def budget(cfg) -> float:
@@ -88,6 +89,20 @@ def test_table1_bert_gets_equal_compute(scale, tmp_path, data_dir):
         assert (electra.trainer.max_steps, bert.trainer.max_steps) == (1_000_000, 1_450_000)  # paper Table 6
 
 
+EVIDENCE = [("cpu_evidence", scale) for scale in scales_of("cpu_evidence")] + [("quick", "tiny")]
+
+
+@pytest.mark.parametrize("name, scale", EVIDENCE, ids=[f"{n}-{s}" for n, s in EVIDENCE])
+def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_path, data_dir):
+    ctx = context(name, scale, tmp_path, data_dir)
+    electra, bert = (ctx.compose_pretrain(sweep.PretrainJob(v, 0)) for v in ("electra", "bert"))
+    assert budget(bert) == pytest.approx(budget(electra), rel=0.01)  # the paper's FLOPs accounting
+    assert encoder(bert) == encoder(electra) and electra.data == bert.data  # same shape, vocabulary and data
+    assert bert.trainer.max_steps > electra.trainer.max_steps
+    none = ctx.spec.variant("none")
+    assert none.random_init_of == "electra" and none not in ctx.spec.pretrained_variants
+
+
 def test_scales_change_what_they_say(tmp_path, data_dir):
     base = context("table5_efficiency", "base", tmp_path, data_dir)
     cfg = base.compose_pretrain(sweep.PretrainJob("bert", 0))
@@ -100,6 +115,10 @@ def test_scales_change_what_they_say(tmp_path, data_dir):
     quick = sweep.load_sweep("quick")
     assert set(quick.tasks) <= {"cola", "sst2", "mrpc", "stsb", "rte"}  # local GLUE data only
     assert len(quick.seeds) == 3 and quick.paper == "table5_efficiency"
+    evidence = sweep.load_sweep("cpu_evidence")
+    assert len(evidence.pretrain_seeds) >= 3 and len(evidence.seeds) >= 5
+    small = sweep.load_sweep("cpu_evidence", "small")
+    assert small.variant("electra").pretrain["model"] == "small" and len(small.seeds) == 10
 
 
 BAD = {
