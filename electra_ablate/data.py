@@ -444,6 +444,23 @@ def load_cache(directory: str | Path) -> PretrainCache:
     return PretrainCache(directory, meta, **arrays)
 
 
+# The arrays that make the packed examples (token_counts is derived from them), hashed in this order.
+_EXAMPLE_ARRAYS = ("input_ids", "lengths", "segment_a_end", "target_lengths")
+
+
+def _examples_digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in _EXAMPLE_ARRAYS:
+        h.update(_sha256_file(directory / f"{name}.npy").encode())
+    return h.hexdigest()
+
+
+def examples_sha256(cache: PretrainCache) -> str:
+    """sha256 over the .npy files of the packed examples (each file's digest, in _EXAMPLE_ARRAYS order): equal
+    digests mean byte-identical examples. Recorded at build time; computed for entries built before that."""
+    return cache.meta.get("examples_sha256") or _examples_digest(cache.directory)
+
+
 def _write_npy_from_raw(raw: Path, out: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     """An .npy file from a headerless row-major dump, copied in blocks (the row count is known only now)."""
     with open(out, "wb") as dst, open(raw, "rb") as src:
@@ -532,6 +549,7 @@ def build_or_load(
         shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
         meta = {
             **inputs,
+            "examples_sha256": _examples_digest(tmp),
             "vocab_file": str(vocab_file.resolve()),
             "vocab_size": vocab_size,
             "special": special._asdict(),
@@ -700,6 +718,16 @@ class PretrainDataModule(pl.LightningDataModule):
     def vocab_path(self) -> Path:
         """The vocabulary that made the token ids (a copy inside the cache entry); ship it with checkpoints."""
         return self.cache.vocab_path
+
+    @property
+    def vocab_sha256(self) -> str:
+        """sha256 of the vocabulary file that made the token ids (provenance: equal digests, equal ids)."""
+        return self.cache.meta["vocab_sha256"]
+
+    @property
+    def examples_sha256(self) -> str:
+        """sha256 of the packed pre-training examples (see `examples_sha256`)."""
+        return examples_sha256(self.cache)
 
     @property
     def token_counts(self) -> torch.Tensor:

@@ -355,7 +355,8 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
     params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
                    "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
                    "resolved.train_examples": str(len(features["train"])),
-                   "runtime.resolved_precision": precision(cfg)})
+                   "runtime.resolved_precision": precision(cfg),
+                   tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity
     run_name = f"{task.name}-s{cfg.seed}"
     run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
                                    parent_run_id=None if cfg.random_init else pretrained.run_id)

@@ -98,6 +98,12 @@ def run_tags(cfg: DictConfig, cfg_hash: str) -> dict[str, str]:
     }
 
 
+def data_provenance(dm: PretrainDataModule) -> dict[str, str]:
+    """Digests of the vocabulary and the packed examples: run params for checking that two runs saw the same
+    data, kept out of the run identity (the config hash), which the config alone decides."""
+    return {tracking.PARAM_VOCAB_SHA256: dm.vocab_sha256, tracking.PARAM_EXAMPLES_SHA256: dm.examples_sha256}
+
+
 class ExportPretrained(pl.Callback):
     """Saves the pre-trained network at the configured fractions of training (for learning curves)."""
 
@@ -234,7 +240,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
             cfg.logger.experiment,
             run_name=cfg.run_name,
             tags=run_tags(cfg, cfg_hash),
-            params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)),
+            params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
                     "runtime.resolved_precision": resolve_precision(cfg)},
         )
         run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})

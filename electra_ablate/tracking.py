@@ -44,6 +44,10 @@ TAG_CHECKPOINT = "checkpoint_path"
 TAG_PRETRAIN_RUN = "pretrain_run_id"
 TAG_RANDOM_INIT = "random_init"  # "true" on fine-tuning runs from random weights shaped like a checkpoint
 
+# Data provenance params (sha256 hex digests), logged beside the config but never part of its hash.
+PARAM_VOCAB_SHA256 = "data.vocab_sha256"  # the vocab.txt that made the token ids (pre-training and fine-tuning)
+PARAM_EXAMPLES_SHA256 = "data.examples_sha256"  # the packed pre-training examples
+
 
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
     """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else that variable, else

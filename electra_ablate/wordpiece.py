@@ -43,24 +43,26 @@ class VocabTooSmall(ValueError):
 def count_words(lines: Iterable[str], normalizer: Normalizer, pre_tokenizer: PreTokenizer) -> Counter[str]:
     """How often each word occurs, as the tokenizer's `normalizer` and `pre_tokenizer` split the lines.
 
-    Lines are joined with newlines and processed a block at a time: BERT's normalizer maps each character on
-    its own (a newline to a space) and its pre-tokenizer splits on whitespace, so a block gives the words of
-    its lines, with far fewer calls than one per line.
+    Fast path with the same result for BERT's normalizer and pre-tokenizer: lines are normalized a block at
+    a time (joined by newlines, which the normalizer turns into spaces, as it maps every character on its
+    own), the normalized text is cut at whitespace and the pieces counted, and only each distinct piece goes
+    through the pre-tokenizer, which splits it further at punctuation. Cutting at whitespace first does not
+    change the words: `str.split` and the pre-tokenizer agree on whitespace once the normalizer has removed
+    control characters (tests/test_wordpiece.py checks this on the corpus).
     """
-    counts: Counter[str] = Counter()
+    pieces: Counter[str] = Counter()
     block: list[str] = []
-
-    def flush() -> None:
-        text = normalizer.normalize_str("\n".join(block))
-        counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(text))
-        block.clear()
-
     for line in lines:
         block.append(line)
         if len(block) == _LINES_PER_CALL:
-            flush()
+            pieces.update(normalizer.normalize_str("\n".join(block)).split())
+            block.clear()
     if block:
-        flush()
+        pieces.update(normalizer.normalize_str("\n".join(block)).split())
+    counts: Counter[str] = Counter()
+    for piece, n in pieces.items():
+        for word, _ in pre_tokenizer.pre_tokenize_str(piece):
+            counts[word] += n
     return counts
 
 
@@ -118,6 +120,9 @@ def learn_vocab(
         if merged not in known:  # two pairs may spell one piece ("##a"+"##bc", "##ab"+"##c"): list it once
             known.add(merged)
             vocab.append(merged)
+        # Only pairs holding one of these symbols can change in a word (the rest keep their positions), so
+        # only they are recounted: subtracted as they were and added as they are.
+        touched = {left, right, merged}
         changed: set[tuple[str, str]] = set()
         for i in pair_words.pop(pair):
             w, n = words[i], freqs[i]
@@ -130,13 +135,17 @@ def learn_vocab(
                 else:
                     new.append(w[j])
                     j += 1
+            if len(new) == len(w):
+                continue  # the pair left this word in an earlier merge
             for p in zip(w, w[1:]):
-                pair_count[p] -= n
-                changed.add(p)
+                if p[0] in touched or p[1] in touched:
+                    pair_count[p] -= n
+                    changed.add(p)
             for p in zip(new, new[1:]):
-                pair_count[p] = pair_count.get(p, 0) + n
-                changed.add(p)
-                pair_words.setdefault(p, set()).add(i)
+                if p[0] in touched or p[1] in touched:
+                    pair_count[p] = pair_count.get(p, 0) + n
+                    changed.add(p)
+                    pair_words.setdefault(p, set()).add(i)
             words[i] = new
         pair_count.pop(pair, None)
         changed.discard(pair)
@@ -145,8 +154,6 @@ def learn_vocab(
             if n > 0:
                 heapq.heappush(heap, (-n, p))
             else:
-                # Gone from every word: forget it (its word sets may still list words, which are harmless
-                # only if the count is checked, so drop them too).
-                del pair_count[p]
+                del pair_count[p]  # gone from every word
                 pair_words.pop(p, None)
     return vocab

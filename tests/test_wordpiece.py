@@ -41,13 +41,20 @@ def test_too_small_a_size_is_a_data_error_naming_the_key(tmp_path):
         D.train_vocab(corpus, tmp_path / "cache", 12)
 
 
-def test_count_words_blocks_equal_one_call_per_line():
+def one_call_per_line(tok, lines) -> Counter:
+    return Counter(w for line in lines
+                   for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(line)))
+
+
+def test_count_words_equals_the_tokenizer_one_line_at_a_time(data_dir):
     tok = D._bert_tokenizer(D.models.WordPiece(unk_token="[UNK]"), lowercase=True)
-    lines = ["Héllo, World!", "naïve\tcafé  ﬁne", "北京 is big", "end."] * 700  # more than one block
+    # Unicode whitespace and control characters on which str.split and the pre-tokenizer could disagree.
+    odd = ["a\x1cb\x1dc\x1ed\x1ff", "x\x85y\u2028z\u2029w", "no\xa0break\u3000ideo\u200bzero", "tab\tv\x0bf\x0c"]
+    lines = ["Héllo, World!", "naïve\tcafé  ﬁne", "北京 is big", "end.", *odd] * 300  # more than one block
     blocked = W.count_words(lines, tok.normalizer, tok.pre_tokenizer)
-    one_by_one = Counter(w for line in lines
-                         for w, _ in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(line)))
-    assert blocked == one_by_one and blocked["hello"] == 700 and blocked["北"] == 700
+    assert blocked == one_call_per_line(tok, lines) and blocked["hello"] == 300 and blocked["北"] == 300
+    corpus = [line for line in D.iter_corpus_lines(data_dir / "corpus" / "enwiki_sample_5mb.txt", 300) if line]
+    assert W.count_words(corpus, tok.normalizer, tok.pre_tokenizer) == one_call_per_line(tok, corpus)
 
 
 @pytest.mark.usefixtures("data_dir")
