@@ -9,7 +9,6 @@ import shutil
 import zipfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
