@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from electra_ablate import fast, pretrain
+from electra_ablate import precision as precision_lib
 from electra_ablate.data import PretrainDataModule
 from electra_ablate.flops import pretrain_flops_per_step
 from electra_ablate.hf import electra_config, to_transformers_state_dict
@@ -130,9 +131,7 @@ def sync(device: torch.device) -> None:
 
 def autocast(cfg: DictConfig, device: torch.device):
     """Lightning's precision for this config, as a context: fp32 (CPU default) or bf16 autocast (GPU default)."""
-    precision = str(cfg.runtime.precision)
-    if precision == "auto":  # as pretrain.resolve_precision decides it for the device the step runs on
-        precision = "bf16-mixed" if device.type == "cuda" else "32-true"
+    precision = precision_lib.resolve(cfg.runtime.precision, device.type)  # as pre-training resolves it
     if precision in ("32-true", "32"):
         return contextlib.nullcontext()
     if precision == "bf16-mixed":

@@ -28,8 +28,10 @@ from typing import NamedTuple
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from torch.utils.data import DataLoader, IterableDataset
+
+from electra_ablate import wordpiece
 
 # Bump when the example rule or the stored layout changes: old caches are then rebuilt, never misread.
 FORMAT_VERSION = 1
@@ -40,6 +42,11 @@ SINGLE_SEGMENT_PROB = 0.1
 MIN_TARGET_LENGTH = 5
 # Reference tokenization.WordpieceTokenizer: words longer than this become [UNK] (tokenizers' default is 100).
 MAX_INPUT_CHARS_PER_WORD = 200
+# Bump when the vocabulary learner's output can change: vocabularies cached by an older learner (among them the
+# process-dependent ones of tokenizers' WordPieceTrainer, version 1) are then rebuilt, never reused.
+VOCAB_LEARNER_VERSION = 2
+# Characters kept for the vocabulary's alphabet, as BERT's and tokenizers' BertWordPieceTokenizer default.
+VOCAB_LIMIT_ALPHABET = 1000
 VOCAB_NAME = "vocab.txt"
 META_NAME = "meta.json"
 _LINES_PER_ENCODE = 2048  # lines per encode_batch call: big enough for the Rust thread pool, small in memory
@@ -361,28 +368,38 @@ def train_vocab(
 ) -> Path:
     """Train a WordPiece vocabulary of `vocab_size` on the corpus (cached); returns its vocab.txt.
 
-    BERT's special tokens come first, so [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    BERT's special tokens come first, so [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. The file is the same
+    byte for byte in every process and on every machine (wordpiece.py says how and why `tokenizers`'
+    WordPieceTrainer is not used), so the cache key names every input of the learner.
     """
     corpus = check_corpus(corpus)
-    key = _hash({"format": FORMAT_VERSION, **_corpus_identity(corpus), "lowercase": bool(lowercase),
-                 "vocab_size": int(vocab_size), "max_docs": max_docs})
+    key = _hash({"format": FORMAT_VERSION, "learner": VOCAB_LEARNER_VERSION, **_corpus_identity(corpus),
+                 "lowercase": bool(lowercase), "vocab_size": int(vocab_size), "max_docs": max_docs,
+                 "special_tokens": list(SPECIAL_TOKENS), "limit_alphabet": VOCAB_LIMIT_ALPHABET,
+                 "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD})
     target = Path(cache_dir) / "vocab" / key
     if (target / VOCAB_NAME).is_file():
         return target / VOCAB_NAME
-    tok = _bert_tokenizer(
-        models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD), lowercase
-    )
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
-        limit_alphabet=1000,  # as BERT's and tokenizers' BertWordPieceTokenizer default
-    )
-    tok.train_from_iterator((line for line in iter_corpus_lines(corpus, max_docs) if line), trainer)
-    vocab = tok.get_vocab()
-    tokens = sorted(vocab, key=vocab.__getitem__)
+    started = time.perf_counter()
+    # Words as the encoder will see them: the normalizer and pre-tokenizer of load_tokenizer.
+    words = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
+    counts = wordpiece.count_words((line for line in iter_corpus_lines(corpus, max_docs) if line),
+                                   words.normalizer, words.pre_tokenizer)
+    try:
+        tokens = wordpiece.learn_vocab(counts, vocab_size, SPECIAL_TOKENS, limit_alphabet=VOCAB_LIMIT_ALPHABET,
+                                       max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+    except wordpiece.VocabTooSmall as err:
+        raise DataError(f"data.train_vocab_size={vocab_size} is too small: {err} of {corpus}. Raise "
+                        "data.train_vocab_size.") from err
+    text = "".join(t + "\n" for t in tokens).encode("utf-8")
     with _AtomicDir(target) as tmp:
-        (tmp / VOCAB_NAME).write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
-        (tmp / META_NAME).write_text(json.dumps({"vocab_size": len(tokens), "requested": vocab_size,
-                                                 "corpus": str(corpus.resolve()), "max_docs": max_docs}))
+        (tmp / VOCAB_NAME).write_bytes(text)
+        (tmp / META_NAME).write_text(json.dumps({
+            "vocab_size": len(tokens), "requested": vocab_size, "corpus": str(corpus.resolve()),
+            "max_docs": max_docs, "learner": VOCAB_LEARNER_VERSION, "vocab_sha256": hashlib.sha256(text).hexdigest(),
+            "num_words": sum(counts.values()), "num_distinct_words": len(counts),
+            "build_seconds": round(time.perf_counter() - started, 3),
+        }, indent=2, sort_keys=True))
     return target / VOCAB_NAME
 
 
@@ -425,6 +442,23 @@ def load_cache(directory: str | Path) -> PretrainCache:
             f"{FORMAT_VERSION}). Delete that folder; it is rebuilt on the next run."
         )
     return PretrainCache(directory, meta, **arrays)
+
+
+# The arrays that make the packed examples (token_counts is derived from them), hashed in this order.
+_EXAMPLE_ARRAYS = ("input_ids", "lengths", "segment_a_end", "target_lengths")
+
+
+def _examples_digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in _EXAMPLE_ARRAYS:
+        h.update(_sha256_file(directory / f"{name}.npy").encode())
+    return h.hexdigest()
+
+
+def examples_sha256(cache: PretrainCache) -> str:
+    """sha256 over the .npy files of the packed examples (each file's digest, in _EXAMPLE_ARRAYS order): equal
+    digests mean byte-identical examples. Recorded at build time; computed for entries built before that."""
+    return cache.meta.get("examples_sha256") or _examples_digest(cache.directory)
 
 
 def _write_npy_from_raw(raw: Path, out: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -515,6 +549,7 @@ def build_or_load(
         shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
         meta = {
             **inputs,
+            "examples_sha256": _examples_digest(tmp),
             "vocab_file": str(vocab_file.resolve()),
             "vocab_size": vocab_size,
             "special": special._asdict(),
@@ -683,6 +718,16 @@ class PretrainDataModule(pl.LightningDataModule):
     def vocab_path(self) -> Path:
         """The vocabulary that made the token ids (a copy inside the cache entry); ship it with checkpoints."""
         return self.cache.vocab_path
+
+    @property
+    def vocab_sha256(self) -> str:
+        """sha256 of the vocabulary file that made the token ids (provenance: equal digests, equal ids)."""
+        return self.cache.meta["vocab_sha256"]
+
+    @property
+    def examples_sha256(self) -> str:
+        """sha256 of the packed pre-training examples (see `examples_sha256`)."""
+        return examples_sha256(self.cache)
 
     @property
     def token_counts(self) -> torch.Tensor:

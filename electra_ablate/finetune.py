@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate import glue, submit, tracking
+from electra_ablate import precision as precision_lib
 from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
 from electra_ablate.data import load_tokenizer, read_vocab
 from electra_ablate.finetune_system import FinetuneSystem, GlueDataModule, OptimSettings
@@ -128,18 +130,28 @@ def from_network(
 ) -> Pretrained:
     config = with_dropout(net.config, cfg)
     state = {k: v.clone() for k, v in net.electra.state_dict().items()}
+    run_id = run_id or info.get("run_id")
+    tags = run_tags(client, run_id)
 
     def make_encoder() -> ElectraModel:
         encoder = ElectraModel(config)
         encoder.load_state_dict(state)
         return encoder
 
-    run_id = run_id or info.get("run_id")
+    def make_random_encoder() -> ElectraModel:
+        # The pre-training init (N(0, 0.02)) from its own generator: seeded by the fine-tuning seed and the
+        # pre-training run's seed, so the groups of a random-init arm are independent draws.
+        group = int(tags.get("seed", info.get("seed", 0)) or 0)
+        with torch.random.fork_rng(devices=[]):
+            digest = hashlib.sha256(f"random_init seed={int(cfg.seed)} group={group}".encode()).digest()
+            torch.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+            return ElectraForPretraining(config, disc_head=True).electra
+
     step = info.get("step")
     return Pretrained(
-        spec, make_encoder, config, Path(vocab_file), size_name(info.get("model_name"), config.hidden_size),
-        run_id, None if step is None else int(step), run_tags(client, run_id), info.get("do_lower_case"),
-        info.get("model_name"),
+        spec, make_random_encoder if cfg.random_init else make_encoder, config, Path(vocab_file),
+        size_name(info.get("model_name"), config.hidden_size), run_id, None if step is None else int(step), tags,
+        info.get("do_lower_case"), info.get("model_name"),
     )
 
 
@@ -151,6 +163,9 @@ def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
             f"pretrained_step={step} needs pretrained=<MLflow run id>; for a directory, pass the step's "
             f"directory itself (e.g. <run>/pretrained/step_{step})"
         )
+    if cfg.random_init and spec == "none":
+        raise FinetuneError("random_init=true takes its architecture and vocabulary from a checkpoint: give "
+                            "pretrained=<run id | dir | hf:...>, or use pretrained=none (model=..., glue_data.vocab_file=...)")
     if spec == "none":
         vocab_file = Path(cfg.glue_data.vocab_file)
         vocab_size = len(read_vocab(vocab_file))
@@ -234,6 +249,8 @@ def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
     ident["task"] = OmegaConf.to_container(task_cfg, resolve=True)  # a glue member hashes like task=<name>
     ident["glue_data"] = {k: v for k, v in ident["glue_data"].items() if k not in DATA_IDENTITY_EXCLUDE}
     ident["pretrained"] = spec
+    if not ident.get("random_init"):
+        ident.pop("random_init", None)  # the default leaves identities from before the option unchanged
     if spec != "none":
         ident.pop("model", None)  # the checkpoint decides the size
     return ident
@@ -247,10 +264,7 @@ def on_gpu(cfg: DictConfig) -> bool:
 
 
 def precision(cfg: DictConfig) -> str:
-    p = str(cfg.runtime.precision)
-    if p == "auto":  # bf16 is ~6x slower than fp32 on CPU
-        return "bf16-mixed" if on_gpu(cfg) else "32-true"
-    return p
+    return precision_lib.resolve(cfg.runtime.precision, "cuda" if on_gpu(cfg) else "cpu")
 
 
 def auto_flag(value, default: bool) -> bool | None:
@@ -330,6 +344,7 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
         tracking.TAG_PRETRAIN_RUN: pretrained.run_id or "none",
         "pretrained": pretrained.spec,
         "pretrained_step": "unknown" if pretrained.step is None else pretrained.step,
+        tracking.TAG_RANDOM_INIT: str(bool(cfg.random_init)).lower(),
         "model": pretrained.model_name or pretrained.size,
         tracking.TAG_CONFIG_HASH: cfg_hash,
         # The sweep and variant of the pre-training run unless this config names them.
@@ -341,10 +356,12 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
     params = tracking.flatten(ident)
     params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
                    "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
-                   "resolved.train_examples": str(len(features["train"]))})
+                   "resolved.train_examples": str(len(features["train"])),
+                   "runtime.resolved_precision": precision(cfg),
+                   tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity
     run_name = f"{task.name}-s{cfg.seed}"
     run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
-                                   parent_run_id=pretrained.run_id)
+                                   parent_run_id=None if cfg.random_init else pretrained.run_id)
     try:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
         torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))

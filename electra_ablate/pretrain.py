@@ -19,7 +19,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import fast, tracking
+from electra_ablate import fast, precision, tracking
 from electra_ablate.checkpoint import save_pretrained
 from electra_ablate.data import PretrainDataModule
 from electra_ablate.flops import STAGES, pretrain_flops_per_step
@@ -61,11 +61,7 @@ def validate(cfg: DictConfig) -> None:
 
 
 def resolve_precision(cfg: DictConfig) -> str:
-    if cfg.runtime.precision != "auto":
-        return str(cfg.runtime.precision)
-    # bf16 is ~6x slower than fp32 on CPUs without bf16 instructions; on GPUs it is the fast path.
-    on_gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-    return "bf16-mixed" if on_gpu else "32-true"
+    return precision.resolve(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator))
 
 
 def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds):
@@ -100,6 +96,12 @@ def run_tags(cfg: DictConfig, cfg_hash: str) -> dict[str, str]:
         tracking.TAG_SWEEP: str(cfg.sweep.name or ""),
         tracking.TAG_VARIANT: str(cfg.sweep.variant or cfg.run_name),
     }
+
+
+def data_provenance(dm: PretrainDataModule) -> dict[str, str]:
+    """Digests of the vocabulary and the packed examples: run params for checking that two runs saw the same
+    data, kept out of the run identity (the config hash), which the config alone decides."""
+    return {tracking.PARAM_VOCAB_SHA256: dm.vocab_sha256, tracking.PARAM_EXAMPLES_SHA256: dm.examples_sha256}
 
 
 class ExportPretrained(pl.Callback):
@@ -238,7 +240,8 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
             cfg.logger.experiment,
             run_name=cfg.run_name,
             tags=run_tags(cfg, cfg_hash),
-            params=tracking.flatten(OmegaConf.to_container(cfg, resolve=True)),
+            params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
+                    "runtime.resolved_precision": resolve_precision(cfg)},
         )
         run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
     system.metrics_sink = run.log_metrics

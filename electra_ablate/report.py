@@ -30,6 +30,7 @@ from omegaconf import DictConfig
 
 from electra_ablate import expected_max, glue, tracking, verdicts
 from electra_ablate.sweep import (
+    random_init_checkpoints,
     Checkpoint,
     FinetuneKey,
     PretrainState,
@@ -124,6 +125,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
             problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); not fine-tuned")
         else:
             problems.append(f"{what}: missing (no MLflow run); not fine-tuned")
+    checkpoints += random_init_checkpoints(spec, checkpoints)
 
     ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
     ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft
@@ -311,6 +313,10 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         for claim in paper[s].get("claims") or []:
             out.append(f"- Paper: {claim}")
         out.append("")
+
+    warning = vocabulary_warning(vocabularies(data))
+    if warning:
+        out += [warning, ""]
 
     tasks = summary.tasks
     out += ["## GLUE dev, median over fine-tuning seeds", ""]
@@ -607,6 +613,44 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
 # --- provenance ----------------------------------------------------------------------------------------------
 
 
+VOCAB_SHA_PREFIX = 12  # hex digits of a vocabulary's sha256 shown in the report
+UNRECORDED = "unrecorded"  # runs logged before the vocabulary digest was recorded
+
+
+def vocabularies(data: SweepData) -> dict[str, set[str]]:
+    """The vocabulary digests (sha256 of vocab.txt) of each arm's runs in the tables, by variant label: its
+    pre-training runs and the fine-tuning runs counted (the latter also cover imported `pretrained` arms)."""
+    out: dict[str, set[str]] = {v.label: set() for v in data.ctx.spec.variants}
+    column = f"params.{tracking.PARAM_VOCAB_SHA256}"
+    for s in data.pretrain:
+        if s.run is not None:
+            out.setdefault(s.job.variant, set()).add(s.run.data.params.get(tracking.PARAM_VOCAB_SHA256, UNRECORDED))
+    if len(data.scores) and len(data.frame):
+        digests = data.frame.set_index("run_id")[column] if column in data.frame else pd.Series(dtype=str)
+        for variant, run_id in zip(data.scores["variant"], data.scores["run_id"]):
+            digest = digests.get(run_id)
+            out.setdefault(variant, set()).add(digest if isinstance(digest, str) else UNRECORDED)
+    return out
+
+
+def vocabulary_warning(vocabs: Mapping[str, set[str]]) -> str | None:
+    """A warning when the arms compared (or the runs of one arm) did not all use the same vocabulary."""
+    known = {d for ds in vocabs.values() for d in ds if d != UNRECORDED}
+    if len(known) <= 1:
+        return None
+    mixed = [label for label, ds in vocabs.items() if len(ds - {UNRECORDED}) > 1]
+    return ("**Warning: the runs compared here used different vocabularies** (" + _vocab_list(vocabs)
+            + "): their token ids differ, so a difference between arms mixes the variant with the vocabulary"
+            + (f", and within {', '.join(mixed)} runs of one arm differ too" if mixed else "")
+            + ". Rebuild with one vocabulary (same data config and corpus; see README, Reproducibility).")
+
+
+def _vocab_list(vocabs: Mapping[str, set[str]]) -> str:
+    return "; ".join(f"{label} " + (", ".join(f"`{d[:VOCAB_SHA_PREFIX]}`" if d != UNRECORDED else d
+                                              for d in sorted(ds)) or "no runs")
+                     for label, ds in vocabs.items())
+
+
 def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None) -> str:
     frame = data.frame
     lines = []
@@ -646,6 +690,11 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
                   "- Compute time of the runs in the tables (sum of run durations): "
                   + ", ".join(f"{k} {_duration(v)} over {int((jobs['tags.kind'] == k).sum())} runs" for k, v in hours.items())]
+    vocabs = vocabularies(data)
+    lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
+    warning = vocabulary_warning(vocabs)
+    if warning:
+        lines.append(f"- {warning}")
     lines += [f"- Sweep file: `sweeps/{data.ctx.spec.path.name}`; generated job configs: `{data.ctx.conf_dir}`",
               f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, then "
               f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "

@@ -79,7 +79,7 @@ TOP_KEYS = {
     "variants": "label -> overrides of one variant",
     "axes": "axis -> {option -> overrides}: the variants are the product of the axes",
 }
-VARIANT_KEYS = {"pretrained", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
+VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
 FIGURES = ("generator_size", "learning_curves")
 
 
@@ -96,6 +96,10 @@ class Variant:
     pretrain: dict[str, Any]  # overrides of the pre-training job (common + scale + variant), key -> value
     finetune: dict[str, Any]  # overrides of its fine-tuning jobs
     pretrained: str | None = None  # fine-tune this model as is (no pre-training phase)
+    # The no-pre-training floor: fine-tune randomly initialised encoders with the architecture and vocabulary
+    # of this (pre-trained) variant's checkpoints, one group per pre-training seed, so that the compared arms
+    # differ in their weights only.
+    random_init_of: str | None = None
     expected_row: str | None = None  # "<section>.<row>" of paper_results.yaml
     axes: dict[str, str] = field(default_factory=dict)  # axis -> option, for product sweeps
 
@@ -127,7 +131,8 @@ class SweepSpec:
 
     @property
     def pretrained_variants(self) -> tuple[Variant, ...]:
-        return tuple(v for v in self.variants if v.pretrained is None)
+        """The variants with a pre-training phase."""
+        return tuple(v for v in self.variants if v.pretrained is None and v.random_init_of is None)
 
 
 def sweep_path(name: str | Path) -> Path:
@@ -252,12 +257,25 @@ def _variants(raw: dict, where: str) -> list[Variant]:
             raise SweepError(f"{where}: variant label {label!r} may only use letters, digits, '_' and '-'")
         body = dict(body)
         pretrained = body.pop("pretrained", None)
+        random_init_of = body.pop("random_init_of", None)
         expected_row = body.pop("expected_row", None)
         finetune = _merge(common_ft, body.pop("finetune", None) or {})
-        if pretrained is not None and body:
-            raise SweepError(f"{where}: variant {label} fine-tunes pretrained={pretrained} as is, so its pre-training overrides {sorted(body)} would be ignored")
-        pretrain = {} if pretrained is not None else _merge(common_pre, body)
-        out.append(Variant(label, pretrain, finetune, pretrained, expected_row, axes_of))
+        if pretrained is not None and random_init_of is not None:
+            raise SweepError(f"{where}: variant {label} gives both `pretrained` and `random_init_of`; keep one")
+        if (pretrained is not None or random_init_of is not None) and body:
+            what = f"pretrained={pretrained} as is" if pretrained is not None else f"random encoders shaped like {random_init_of}"
+            raise SweepError(f"{where}: variant {label} fine-tunes {what}, so its pre-training overrides {sorted(body)} would be ignored")
+        pretrain = {} if pretrained is not None or random_init_of is not None else _merge(common_pre, body)
+        out.append(Variant(label, pretrain, finetune, pretrained=pretrained, expected_row=expected_row, axes=axes_of,
+                           random_init_of=random_init_of))
+    labels = {label for label, _, _ in entries}
+    for v in out:
+        if v.random_init_of is None:
+            continue
+        ref = next((r for r in out if r.label == v.random_init_of), None)
+        if ref is None or ref.pretrained is not None or ref.random_init_of is not None:
+            raise SweepError(f"{where}: variant {v.label} has random_init_of={v.random_init_of!r}, which must name a "
+                             f"pre-trained variant of the sweep; variants: {sorted(labels)}")
     return out
 
 
@@ -339,12 +357,23 @@ class Checkpoint(NamedTuple):
     step: int | None
     final: bool
     fraction: float | None
+    random_init: bool = False  # the run's architecture and vocabulary with fresh random weights
 
     @property
     def config_name(self) -> str:
         if self.run_id is None:
             return self.variant
         return f"{self.variant}-s{self.pretrain_seed}-{'final' if self.final else f'step{self.step}'}"
+
+    @property
+    def source(self) -> str:
+        """The FinetuneKey source of its fine-tuning runs."""
+        if self.run_id is None:
+            return f"variant:{self.variant}"
+        return f"{RANDOM_SOURCE}{self.run_id}" if self.random_init else self.run_id
+
+
+RANDOM_SOURCE = "random:"  # FinetuneKey source prefix of random-init runs shaped like a pre-training run
 
 
 class FinetuneKey(NamedTuple):
@@ -395,6 +424,8 @@ class SweepContext:
         v = self.spec.variant(ckpt.variant)
         target = {"pretrained": v.pretrained} if ckpt.run_id is None else {
             "pretrained": ckpt.run_id, "pretrained_step": None if ckpt.final else ckpt.step}
+        if ckpt.random_init:
+            target["random_init"] = True
         text = config_text(v.finetune, _merge(self.sweep_tags(v.label), target),
                            f"checkpoint {ckpt.config_name} of sweep {self.spec.name}; generated by electra_ablate.sweep")
         write_atomic(self.conf_dir / FINETUNE_GROUP / f"{ckpt.config_name}.yaml", text)
@@ -521,7 +552,8 @@ def _validate(ctx: SweepContext) -> dict[str, DictConfig]:
         checked.append((v.finetune, v.pretrained is None))
         base = [*ctx.base_overrides, f"task={spec.tasks[0]}"]
         _check_keys("finetune", v.finetune, base, f"{spec.path.name}, variant {v.label} (fine-tuning)", seen)
-        ckpt = Checkpoint(v.label, None, None, None, True, None) if v.pretrained else Checkpoint(v.label, 0, "0" * 32, 1, True, 1.0)
+        ckpt = (Checkpoint(v.label, None, None, None, True, None) if v.pretrained
+                else Checkpoint(v.label, 0, "0" * 32, 1, True, 1.0, random_init=v.random_init_of is not None))
         ctx.write_finetune_config(ckpt)
         ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}", f"task={spec.tasks[0]}"])
     return composed
@@ -598,13 +630,20 @@ def finetune_key(tags: Mapping[str, str]) -> FinetuneKey | None:
     source = tags.get(tracking.TAG_PRETRAIN_RUN) or "none"
     if source == "none":
         source = f"variant:{tags.get(tracking.TAG_VARIANT, '')}"
+    elif tags.get(tracking.TAG_RANDOM_INIT) == "true":
+        source = RANDOM_SOURCE + source
     return FinetuneKey(source, str(tags.get("pretrained_step", "")), tags.get("task", ""), seed)
 
 
 def key_of(ckpt: Checkpoint, task: str, seed: int) -> FinetuneKey:
-    if ckpt.run_id is None:
-        return FinetuneKey(f"variant:{ckpt.variant}", "", task, seed)
-    return FinetuneKey(ckpt.run_id, str(ckpt.step), task, seed)
+    return FinetuneKey(ckpt.source, "" if ckpt.run_id is None else str(ckpt.step), task, seed)
+
+
+def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> list[Checkpoint]:
+    """The random-init variants' checkpoints: one per final checkpoint of the variant each is shaped like."""
+    return [c._replace(variant=v.label, random_init=True, step=c.step, fraction=1.0)
+            for v in spec.variants if v.random_init_of is not None
+            for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
 
 
 def matches(done: Mapping[FinetuneKey, Any], key: FinetuneKey) -> Any:
@@ -861,6 +900,7 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
         found, missing = checkpoints_of(state, ctx.spec.checkpoints)
         checkpoints += found
         notes += missing
+    checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
     done, _ = finetune_runs(client, ctx.experiment)
     todo = [(c, t, s) for c in checkpoints for t in ctx.spec.tasks for s in ctx.spec.seeds
             if matches(done, key_of(c, t, s)) is None]

@@ -42,6 +42,12 @@ TAG_SWEEP = "sweep"
 TAG_VARIANT = "variant"
 TAG_CHECKPOINT = "checkpoint_path"
 TAG_PRETRAIN_RUN = "pretrain_run_id"
+TAG_RANDOM_INIT = "random_init"  # "true" on fine-tuning runs from random weights shaped like a checkpoint
+
+# Data provenance params (sha256 hex digests), logged beside the config but never part of its hash.
+PARAM_VOCAB_SHA256 = "data.vocab_sha256"  # the vocab.txt that made the token ids (pre-training and fine-tuning)
+PARAM_EXAMPLES_SHA256 = "data.examples_sha256"  # the packed pre-training examples
+
 # The experiment kind MLflow 3.x records for classic model training (its UI's
 # ExperimentKind.CUSTOM_MODEL_DEVELOPMENT): set on every experiment the harness creates. MLflow 3.17's UI picks
 # the view from its global GenAI / Model training switch instead (GenAI by default), so links to the dashboard

@@ -176,6 +176,50 @@ def test_glue_from_random_init_runs_each_available_task(store, tmp_path):
     assert splits == ["dev_matched"] * 3 + ["dev_mismatched"] * 4
 
 
+def test_random_init_takes_shape_and_vocabulary_from_the_checkpoint_and_fresh_weights(store, tmp_path, monkeypatch):
+    client, uri = store
+    exp = "random-init"
+    tracking.setup(uri, exp)
+    pre = {}
+    for seed in (0, 1):
+        run = tracking.RunLogger.start(client, exp, f"electra-s{seed}", {"kind": "pretrain", "seed": str(seed)})
+        final = save_tiny(tmp_path / f"pre{seed}" / "final", run_id=run.run_id, step=10, model_name="tiny")
+        run.set_tags({"checkpoint_path": str(final)})
+        run.finish()
+        pre[seed] = run.run_id
+    saved, _ = finetune.load_pretrained(tmp_path / "pre0" / "final")
+
+    def encoder(seed: int, run_id: str, random_init: bool):
+        cfg = config(tmp_path, uri, exp, f"pretrained={run_id}", f"random_init={random_init}", f"seed={seed}")
+        pretrained = finetune.resolve_pretrained(cfg, client)
+        assert pretrained.config.vocab_size == TINY.vocab_size and pretrained.vocab_file.parent.name == "final"
+        return pretrained.make_encoder().state_dict()
+
+    same = encoder(0, pre[0], False)
+    assert all(torch.equal(same[k], v) for k, v in saved.electra.state_dict().items())
+    fresh = encoder(0, pre[0], True)
+    assert set(fresh) == set(same) and not torch.equal(fresh["embeddings.word_embeddings.weight"],
+                                                        same["embeddings.word_embeddings.weight"])
+    std = fresh["encoder.layer.0.attention.self.query.weight"].std().item()
+    assert 0.018 < std < 0.022  # the pre-training init, N(0, 0.02)
+    # Reproducible from (seed, pre-training seed); a different fine-tuning seed or pre-training run draws anew.
+    assert torch.equal(encoder(0, pre[0], True)["embeddings.word_embeddings.weight"], fresh["embeddings.word_embeddings.weight"])
+    for seed, run_id in ((1, pre[0]), (0, pre[1])):
+        assert not torch.equal(encoder(seed, run_id, True)["embeddings.word_embeddings.weight"],
+                               fresh["embeddings.word_embeddings.weight"])
+
+    # A run: its own identity, tagged, not nested under the pre-training run whose weights it does not use.
+    overrides = ["task=rte", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=16", "task.epochs=1"]
+    finetune.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", "random_init=true", *overrides))
+    finetune.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", *overrides))
+    ft = {r.data.tags["random_init"]: r for r in runs_of(client, exp) if r.data.tags["kind"] == "finetune"}
+    assert set(ft) == {"true", "false"} and ft["true"].data.tags["config_hash"] != ft["false"].data.tags["config_hash"]
+    assert "mlflow.parentRunId" not in ft["true"].data.tags and ft["false"].data.tags["mlflow.parentRunId"] == pre[0]
+    assert ft["true"].data.tags["pretrain_run_id"] == pre[0]
+    with pytest.raises(finetune.FinetuneError, match="random_init=true takes its architecture"):
+        finetune.run(config(tmp_path, uri, exp, "pretrained=none", "random_init=true", *overrides))
+
+
 # --- layer-wise learning rates and the protocol ---------------------------------------------------------
 
 # lr 1e-3, decay 0.8, 4 layers, computed by hand: the reference's head depth is n_layers + 2 = 6.

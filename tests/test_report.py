@@ -53,12 +53,12 @@ def start(client, tags, params=None) -> tracking.RunLogger:
     return tracking.RunLogger.start(client, "mini", tags.get("variant", "run"), {k: str(v) for k, v in tags.items()}, params)
 
 
-def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0) -> str:
+def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0, vocab: str | None = None) -> str:
     cfg_hash = tracking.config_hash(ctx.compose_pretrain(sweep.PretrainJob(variant, seed)))
     tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "mini", "seed": seed,
             "objective": variant, "generator": "neural", "generator_hidden_size": 0.25, "disc_hidden_size": 128,
             "git_commit": "abc123", "checkpoints": json.dumps({"50": "/ckpt/step_50", "100": "/ckpt/final"})}
-    run = start(client, tags, {"trainer.max_steps": "100"})
+    run = start(client, tags, {"trainer.max_steps": "100", **({tracking.PARAM_VOCAB_SHA256: vocab} if vocab else {})})
     per_step = 1e9 if variant == "electra" else 0.8e9
     for step in range(10, 101, 10):
         run.log_metrics({"train/flops": per_step * step}, step)
@@ -68,10 +68,10 @@ def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int 
 
 
 def finetune_run(client, pretrain_id: str, variant: str, step: int, task: str, seed: int, score: float | None,
-                 status: str = "FINISHED") -> str:
+                 status: str = "FINISHED", vocab: str | None = None) -> str:
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id, "pretrained_step": step,
             "variant": variant, "sweep": "mini", "config_hash": f"{variant}{step}{task}{seed}", "git_commit": "abc123"}
-    run = start(client, tags)
+    run = start(client, tags, {tracking.PARAM_VOCAB_SHA256: vocab} if vocab else None)
     if score is not None:
         run.log_metrics({"final/score": score, "final/accuracy": score / 100}, 3)
     run.finish(status)
@@ -214,3 +214,31 @@ def test_a_sweep_with_no_runs_yet_reports_everything_missing(tmp_path, data_dir)
     assert "No fine-tuning run of a final checkpoint has finished yet." in text
     for variant in ("electra", "bert", "replace_mlm"):
         assert f"pre-training {variant} seed 0 (config " in text and "missing (no MLflow run)" in text
+
+
+@pytest.mark.parametrize("bert_vocab", ["a" * 64, "b" * 64])
+def test_report_lists_each_arms_vocabulary_and_warns_when_they_differ(tmp_path, data_dir, bert_vocab):
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    vocab = {"electra": "a" * 64, "bert": bert_vocab}
+    for variant in ("electra", "bert"):
+        run_id = pretrain_run(client, ctx, variant, vocab=vocab[variant])
+        finetune_run(client, run_id, variant, 100, "rte", 0, 60.0, vocab=vocab[variant])
+    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    provenance = text.split("## How this was produced")[1]
+    assert f"electra `{'a' * 12}`; bert `{bert_vocab[:12]}`; replace_mlm no runs" in provenance
+    differ = bert_vocab != vocab["electra"]
+    # The warning opens the report (above the tables) and is repeated in the provenance.
+    assert text.count("Warning: the runs compared here used different vocabularies") == (2 if differ else 0)
+    if differ:
+        assert text.index("Warning") < text.index("## GLUE dev")
+
+
+def test_runs_without_a_vocabulary_digest_are_unrecorded_and_do_not_warn(store, tmp_path):
+    ctx, client, _ = store
+    data = report.collect(ctx, client)
+    vocabs = report.vocabularies(data)
+    assert vocabs == {"electra": {report.UNRECORDED}, "bert": {report.UNRECORDED}, "replace_mlm": set()}
+    assert report.vocabulary_warning(vocabs) is None
+    assert report.vocabulary_warning({"electra": {"a" * 64, report.UNRECORDED}, "bert": {"a" * 64}}) is None
+    assert "within electra" in report.vocabulary_warning({"electra": {"a" * 64, "c" * 64}, "bert": {"a" * 64}})

@@ -53,7 +53,8 @@ def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_
 
 
 def encoder(cfg) -> EncoderConfig:
-    return EncoderConfig(vocab_size=30522, **{k: cfg.model[k] for k in MODEL_KEYS})
+    vocab_size = cfg.data.train_vocab_size or 30522  # a trained vocabulary has the size asked for
+    return EncoderConfig(vocab_size=vocab_size, **{k: cfg.model[k] for k in MODEL_KEYS})
 
 
 def budget(cfg) -> float:
@@ -88,6 +89,20 @@ def test_table1_bert_gets_equal_compute(scale, tmp_path, data_dir):
         assert (electra.trainer.max_steps, bert.trainer.max_steps) == (1_000_000, 1_450_000)  # paper Table 6
 
 
+EVIDENCE = [("cpu_evidence", scale) for scale in scales_of("cpu_evidence")] + [("quick", "tiny")]
+
+
+@pytest.mark.parametrize("name, scale", EVIDENCE, ids=[f"{n}-{s}" for n, s in EVIDENCE])
+def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_path, data_dir):
+    ctx = context(name, scale, tmp_path, data_dir)
+    electra, bert = (ctx.compose_pretrain(sweep.PretrainJob(v, 0)) for v in ("electra", "bert"))
+    assert budget(bert) == pytest.approx(budget(electra), rel=0.01)  # the paper's FLOPs accounting
+    assert encoder(bert) == encoder(electra) and electra.data == bert.data  # same shape, vocabulary and data
+    assert bert.trainer.max_steps > electra.trainer.max_steps
+    none = ctx.spec.variant("none")
+    assert none.random_init_of == "electra" and none not in ctx.spec.pretrained_variants
+
+
 def test_scales_change_what_they_say(tmp_path, data_dir):
     base = context("table5_efficiency", "base", tmp_path, data_dir)
     cfg = base.compose_pretrain(sweep.PretrainJob("bert", 0))
@@ -100,6 +115,10 @@ def test_scales_change_what_they_say(tmp_path, data_dir):
     quick = sweep.load_sweep("quick")
     assert set(quick.tasks) <= {"cola", "sst2", "mrpc", "stsb", "rte"}  # local GLUE data only
     assert len(quick.seeds) == 3 and quick.paper == "table5_efficiency"
+    evidence = sweep.load_sweep("cpu_evidence")
+    assert len(evidence.pretrain_seeds) >= 3 and len(evidence.seeds) >= 5
+    small = sweep.load_sweep("cpu_evidence", "small")
+    assert small.variant("electra").pretrain["model"] == "small" and len(small.seeds) == 10
 
 
 BAD = {
@@ -112,6 +131,12 @@ BAD = {
     "scale names unknown variant": ("tasks: [rte]\nvariants: {a: {}}\ndefault_scale: t\nscales: {t: {variants: {b: {}}}}\n",
                                     r"scales.t.variants names \['b'\]"),
     "pretrained with overrides": ("tasks: [rte]\nvariants: {a: {pretrained: 'hf:x', objective: bert}}\n", r"would be ignored"),
+    "random init of an unknown variant": ("tasks: [rte]\nvariants: {a: {}, none: {random_init_of: b}}\n",
+                                          r"random_init_of='b', which must name a pre-trained variant"),
+    "random init of a pretrained variant": ("tasks: [rte]\nvariants: {h: {pretrained: 'hf:x'}, none: {random_init_of: h}}\n",
+                                            r"random_init_of='h', which must name a pre-trained variant"),
+    "random init with overrides": ("tasks: [rte]\nvariants: {a: {}, none: {random_init_of: a, objective: bert}}\n",
+                                   r"random encoders shaped like a, so its pre-training overrides \['objective'\] would be ignored"),
 }
 
 
@@ -394,13 +419,20 @@ def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, 
 @pytest.mark.slow
 def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
-    path.write_text(MINI.format(name="minijob", seeds="[0]", extra=""))
+    # With a no-pre-training arm: random encoders shaped like each electra run (one group per pre-training seed).
+    path.write_text(MINI.format(name="minijob", seeds="[0]", extra="  none: {random_init_of: electra}"))
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
     out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2").stdout
-    assert "pretrain: 4 job(s) launched" in out and "finetune: 4 job(s) launched" in out
+    assert "pretrain: 4 job(s) launched" in out and "finetune: 6 job(s) launched" in out
     runs = kinds(uri, "minijob")
     assert sorted(r.info.status for r in runs["pretrain"]) == ["FINISHED"] * 4
-    assert sorted(r.info.status for r in runs["finetune"]) == ["FINISHED"] * 4
+    assert sorted(r.info.status for r in runs["finetune"]) == ["FINISHED"] * 6
+    electra = {r.info.run_id for r in runs["pretrain"] if r.data.tags["variant"] == "electra"}
+    none = [r for r in runs["finetune"] if r.data.tags["variant"] == "none"]
+    assert len(none) == 2 and all(r.data.tags["random_init"] == "true" and "mlflow.parentRunId" not in r.data.tags
+                                  for r in none)
+    assert {r.data.tags["pretrain_run_id"] for r in none} == electra
+    assert len({r.data.metrics["final/score"] for r in none} | {r.data.tags["config_hash"] for r in none}) >= 2
     sweeps = runs["sweep"]
     assert sweeps[0].data.tags["launcher"] == "hydra/launcher=joblib hydra.launcher.n_jobs=2"
     phase = json.loads(sweeps[0].data.tags["phase.pretrain"])
