@@ -29,7 +29,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import glue, tracking
+from electra_ablate import glue, submit, tracking
 from electra_ablate import precision as precision_lib
 from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
 from electra_ablate.data import load_tokenizer, read_vocab
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 # Config keys that only say where data lives or how fast it goes: left out of the run identity along with
 # tracking.IDENTITY_EXCLUDE (paths, logger, runtime, hydra, sweep).
-DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size")
+DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size", "predict_test")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -325,8 +325,10 @@ def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, glue.
     return path
 
 
-def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash) -> float:
-    """Tokenize, open the MLflow run, fine-tune, log; the run ends FAILED on any exception."""
+def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash,
+               test: dict[str, list[glue.Example]] | None = None) -> float:
+    """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the
+    run ends FAILED on any exception."""
     d = cfg.glue_data
     vocab_digest = glue.file_digest(pretrained.vocab_file)
     features = {
@@ -406,6 +408,16 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
         run.log_metrics(summary, step=len(system.history))
         out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
         run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
+        if test:
+            test_preds = {
+                split: submit.predict(system, glue.cached_features(
+                    examples, tokenizer, vocab_digest, lowercase(cfg, pretrained), int(d.max_seq_length),
+                    task.is_regression, cfg.paths.cache_dir), int(d.eval_batch_size),
+                    tokenizer.token_to_id("[PAD]") or 0, precision(cfg) if on_gpu(cfg) else None)
+                for split, examples in test.items()
+            }
+            out = out.with_name("test_predictions.tsv")
+            run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
         run.finish("FINISHED")
     except BaseException:
         run.finish("FAILED")
@@ -430,20 +442,26 @@ def run(cfg: DictConfig) -> float:
         ident = run_identity(cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
         done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
+        if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
+            print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
+                  "running it again with glue_data.predict_test=true")
+            done = None
         if done is not None:
             scores[task.name] = done.data.metrics["final/score"]
             print(f"{task.name} seed={cfg.seed}: already done in FINISHED run {done.info.run_id} "
                   f"(config_hash {cfg_hash}, final/score {scores[task.name]:.2f}); skipping")
             continue
-        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash))  # checked before any run
+        test = (submit.load_test_splits(task, cfg.glue_data.source, cfg.glue_data.dir, cfg.glue_data.hf_path)
+                if cfg.glue_data.predict_test else None)
+        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash, test))  # checked before any run
     if todo:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
         check_compatible(cfg, pretrained, tokenizer)
-        for task, task_cfg, data, ident, cfg_hash in todo:
+        for task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
                 scores[task.name] = train_task(
-                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash
+                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
                 )
             except Exception:
                 if not cfg.sweep.keep_going:

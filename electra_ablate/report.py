@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from electra_ablate import glue, tracking
+from electra_ablate import expected_max, glue, tracking, verdicts
 from electra_ablate.sweep import (
     random_init_checkpoints,
     Checkpoint,
@@ -296,7 +296,8 @@ def summarize(data: SweepData) -> Summary:
     return Summary(tasks, medians, glue_scores, stats, per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"]), differences)
 
 
-def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str) -> str:
+def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
+           verdict_lines: Sequence[str] = ()) -> str:
     spec = data.ctx.spec
     paper = load_paper_results()
     out = [f"# {spec.description}", ""]
@@ -325,12 +326,12 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         out.append(
             f"Each cell is the median over fine-tuning runs (the paper reports the median of 10, section 3.1) of "
             f"the task's paper metric x 100 after the last epoch (CoLA Matthews corr., STS-B Spearman, accuracy "
-            f"otherwise). GLUE = mean of the task medians over the tasks run here: {', '.join(TASK_NAMES[t] for t in tasks)}"
+            f"otherwise). {short_glue(tasks)} = mean of the task medians over the tasks run here: {', '.join(TASK_NAMES[t] for t in tasks)}"
             + (" (the paper's GLUE score averages eight tasks, so compare the differences between variants more than "
                "the absolute numbers)." if len(tasks) < 8 else ".") + " A paper number in parentheses is that "
             "task's published number; * marks a paper GLUE derived as the mean of its per-task numbers.")
         out.append("")
-        header = ["variant", *[TASK_NAMES[t] for t in tasks], "GLUE", "paper", "Δ paper"]
+        header = ["variant", *[TASK_NAMES[t] for t in tasks], short_glue(tasks), "paper", "Δ paper"]
         if spec.baseline:
             header.append(f"Δ vs {spec.baseline} [95% CI]")
         header.append("runs")
@@ -364,6 +365,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         if "glue" in figures:
             out += [f"![GLUE per fine-tuning seed]({figures['glue']})", ""]
         out += _spread_section(spec, summary)
+        out += _expected_max_section(summary, figures)
     if "generator_size" in figures:
         out += ["## Generator size (paper Figure 3, left)", "",
                 "GLUE (median over fine-tuning seeds, band = interquartile range of the per-seed GLUE scores) against the "
@@ -371,10 +373,17 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                 f"![generator size]({figures['generator_size']})", ""]
     if "learning_curves" in spec.figures:
         out += _learning_section(data, figures, paper)
+    out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
     out += [f"- {p}" for p in data.problems] if data.problems else ["None: every job of the grid finished."]
     out += ["", "## How this was produced", "", provenance, ""]
     return "\n".join(out)
+
+
+def short_glue(tasks: Sequence[str]) -> str:
+    """'GLUE' for the paper's eight tasks, else 'GLUE-<n>' (the text names the tasks): a score over a subset is
+    never labelled plain GLUE."""
+    return verdicts.glue_label(tasks).split(":")[0]
 
 
 def _variant_name(label: str, row: Mapping | None) -> str:
@@ -398,7 +407,7 @@ def _spread_section(spec, summary: Summary) -> list[str]:
                              fmt(r["min"]), fmt(r["max"]), fmt(r["best"])])
         seeds = summary.seed_glue[summary.seed_glue["variant"] == v.label]["glue"]
         present = [t for t in summary.tasks if t in s.index]
-        rows.append([v.label, "**GLUE**", len(seeds), fmt(summary.glue[v.label]), fmt(glue_of(s["mean"].to_dict())),
+        rows.append([v.label, f"**{short_glue(summary.tasks)}**", len(seeds), fmt(summary.glue[v.label]), fmt(glue_of(s["mean"].to_dict())),
                      fmt(seeds.std(ddof=1) if len(seeds) > 1 else math.nan, 2), fmt(seeds.min() if len(seeds) else math.nan),
                      fmt(seeds.max() if len(seeds) else math.nan), fmt(glue_of(s["best"].reindex(present).to_dict()))])
     out += [table(["variant", "task", "n", "median", "mean", "std", "min", "max", "best-of-N"], rows), ""]
@@ -410,6 +419,26 @@ def _spread_section(spec, summary: Summary) -> list[str]:
         out += [f"Ranking by median GLUE: {' > '.join(by_median)}. Ranking by best-of-N GLUE: {' > '.join(by_best)}"
                 + (" (the same order)." if by_median == by_best else " (a different order: the best-seed numbers would "
                    "change the conclusion)."), ""]
+    return out
+
+
+def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[str]:
+    out = ["## Expected best dev score of n runs", "",
+           "Expected validation performance (Dodge et al. 2019): the expected maximum of n fine-tuning runs drawn "
+           "from the runs made, band = +-1 standard deviation of that maximum (electra_ablate.expected_max). n = 1 "
+           "is the mean; a best-of-N number rises along the curve with N, so a best-seed result is only comparable "
+           "at the same N. The last panel is the mean over tasks of each seed's scores.", ""]
+    if "expected_max" in figures:
+        out += [f"![expected max]({figures['expected_max']})", ""]
+    rows = []
+    for v in summary.medians.index:  # the sweep's variant order
+        seeds = summary.seed_glue[summary.seed_glue["variant"] == v]["glue"].to_numpy()
+        if len(seeds):
+            mean, sd = expected_max.expected_max(seeds)
+            rows.append([v, len(mean), fmt(mean[0]), fmt(float(np.median(seeds))), f"{fmt(mean[-1])} ± {fmt(sd[-1], 2)}"])
+    if rows:
+        out += [f"Per-seed {verdicts.glue_label(summary.tasks)} scores (runs with every task):", "",
+                table(["variant", "runs N", "E[max of 1] (mean)", "median", "E[max of N] ± sd"], rows), ""]
     return out
 
 
@@ -480,7 +509,7 @@ def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
         if theirs is not None:
             ax.scatter([i], [theirs], marker="x", color="C3", s=40, label="paper" if i == 0 else None)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-    ax.set_ylabel(f"GLUE dev ({len(summary.tasks)} tasks)")
+    ax.set_ylabel(f"{short_glue(summary.tasks)} dev")
     ax.set_title(f"{spec.name}: GLUE per fine-tuning seed")
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
@@ -667,9 +696,17 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
     if warning:
         lines.append(f"- {warning}")
     lines += [f"- Sweep file: `sweeps/{data.ctx.spec.path.name}`; generated job configs: `{data.ctx.conf_dir}`",
-              f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, experiment "
-              f"`{data.ctx.experiment}` (fine-tuning runs are nested under their pre-training run)."]
+              f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, then "
+              f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "
+              "pre-training run)."]
     return "\n".join(lines)
+
+
+def _dashboard_link(data: SweepData) -> str:
+    ids = data.frame["experiment_id"].dropna().unique() if "experiment_id" in data.frame else []
+    if len(ids) != 1:
+        return "the experiment's page with the Model training view"
+    return f"<{tracking.dashboard_url('http://127.0.0.1:5000', str(ids[0]))}>"
 
 
 def _times(column: pd.Series) -> pd.Series:
@@ -715,7 +752,15 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
         figures["generator_size"] = f"{name}/generator_size.png"
     if "learning_curves" in ctx.spec.figures and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
-    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time))
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    if summary.tasks:
+        panels = expected_max.curves(final, summary.seed_glue, summary.tasks)
+        titles = {**{t: TASK_NAMES[t] for t in summary.tasks}, "glue": verdicts.glue_label(summary.tasks)}
+        if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
+            figures["expected_max"] = f"{name}/expected_max.png"
+    results = verdicts.verdicts(ctx.spec, final, client, load_paper_results())
+    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time),
+                  verdicts.render(results))
     md_tmp = report_dir / f".{name}.md.{os.getpid()}.tmp"
     md_tmp.write_text(text)
     # Swap the figure folder in, then the markdown that points at it.

@@ -47,6 +47,18 @@ TAG_RANDOM_INIT = "random_init"  # "true" on fine-tuning runs from random weight
 # Data provenance params (sha256 hex digests), logged beside the config but never part of its hash.
 PARAM_VOCAB_SHA256 = "data.vocab_sha256"  # the vocab.txt that made the token ids (pre-training and fine-tuning)
 PARAM_EXAMPLES_SHA256 = "data.examples_sha256"  # the packed pre-training examples
+# The experiment kind MLflow 3.x records for classic model training (its UI's
+# ExperimentKind.CUSTOM_MODEL_DEVELOPMENT): set on every experiment the harness creates. MLflow 3.17's UI picks
+# the view from its global GenAI / Model training switch instead (GenAI by default), so links to the dashboard
+# carry WORKFLOW_QUERY, which selects Model training and with it the runs table (docs/dashboard.md).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+WORKFLOW_QUERY = "workflowType=machine_learning"
+
+
+def dashboard_url(base: str, experiment_id: str, runs_view: bool = True) -> str:
+    """The MLflow UI's page of an experiment (`base`: e.g. http://127.0.0.1:5000), on its runs table."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}" + (f"?{WORKFLOW_QUERY}" if runs_view else "")
 
 
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
@@ -73,7 +85,8 @@ def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     if client.get_experiment_by_name(experiment) is None:
         root = artifact_root(uri)
         try:
-            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None)
+            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None,
+                                     tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
         except mlflow.exceptions.MlflowException:
             pass  # created concurrently by another job of the same sweep
     return client
@@ -188,7 +201,7 @@ class RunLogger:
 
 
 def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -> pd.DataFrame:
-    """All runs of an experiment as a pandas frame: run_id, status, start_time, end_time and
+    """All runs of an experiment as a pandas frame: run_id, experiment_id, status, start_time, end_time and
     `params.*`, `metrics.*` (latest value), `tags.*` columns."""
     exp = client.get_experiment_by_name(experiment)
     rows: list[dict] = []
@@ -196,8 +209,8 @@ def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -
     while exp is not None:
         page = client.search_runs([exp.experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
         for r in page:
-            row = {"run_id": r.info.run_id, "status": r.info.status, "start_time": r.info.start_time,
-                   "end_time": r.info.end_time}
+            row = {"run_id": r.info.run_id, "experiment_id": r.info.experiment_id, "status": r.info.status,
+                   "start_time": r.info.start_time, "end_time": r.info.end_time}
             row.update({f"params.{k}": v for k, v in r.data.params.items()})
             row.update({f"metrics.{k}": v for k, v in r.data.metrics.items()})
             row.update({f"tags.{k}": v for k, v in r.data.tags.items()})

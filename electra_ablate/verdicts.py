@@ -1,0 +1,300 @@
+"""Verdicts on the paper's claims for one sweep: does each claim hold at this scale, and what would settle it?
+
+The claims are data (electra_ablate/claims.yaml: which variant beats which, per paper table or figure). For a
+sweep, every claim whose variants it ran is tested with the multi-bootstrap (electra_ablate.multibootstrap:
+pre-training groups, fine-tuning runs and dev examples resampled together, MultiBERTs-style) on the final
+checkpoints' dev predictions, which every fine-tuning run logs (`predictions/dev_predictions.tsv`). Runs
+logged without that artifact fall back to their final scores (seeds resampled, examples not). A variant
+without pre-training (`pretrained: none`, or `random_init_of: <variant>`: random weights shaped like that
+variant's checkpoints) draws a fresh random encoder in every run, so each of its runs is its own group.
+
+A claim *holds* when the 95% interval of (better - worse) lies above 0, is *reversed* when it lies below,
+and is *unresolved at this scale* otherwise; for an unresolved claim the table says how many seeds the
+observed variance asks for (the seed part of the bootstrap variance shrinks as 1/seeds, the dev-example
+part does not: multibootstrap.seeds_to_resolve).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from electra_ablate import glue
+from electra_ablate import multibootstrap as mb
+
+CLAIMS = Path(__file__).with_name("claims.yaml")
+PREDICTIONS_ARTIFACT = "predictions/dev_predictions.tsv"  # written by finetune.train_task
+NO_PRETRAINING = "none"  # the `pretrained` value of a random-init variant
+CLAIM_KEYS = {"claim", "figure", "better", "worse", "axis"}
+
+
+class ClaimsError(ValueError):
+    """A claims file entry that cannot work."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    text: str
+    figure: str
+    better: tuple[str, ...]  # variant labels: the best of these ...
+    worse: tuple[str, ...]  # ... beats the best of these
+    paper: str = ""  # the paper's numbers for it, from paper_results.yaml, e.g. "85.0 vs 82.2"
+
+
+@cache
+def _claims(path: str) -> dict:
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    for section, entries in raw.items():
+        for i, entry in enumerate(entries or []):
+            where = f"{Path(path).name}: {section}[{i}]"
+            unknown = sorted(set(entry) - CLAIM_KEYS)
+            if unknown:
+                raise ClaimsError(f"{where}: unknown key(s) {unknown}; valid: {sorted(CLAIM_KEYS)}")
+            if not entry.get("claim") or not entry.get("figure"):
+                raise ClaimsError(f"{where}: needs `claim` (text) and `figure` (where the paper shows it)")
+            if section != "no_pretraining" and not (entry.get("better") and entry.get("worse")):
+                raise ClaimsError(f"{where}: needs `better` and `worse` (lists of variant labels)")
+    return raw
+
+
+def load_claims(path: str | Path | None = None) -> dict:
+    """electra_ablate/claims.yaml: {section: [{claim, figure, better, worse, axis?}]}."""
+    return _claims(str(path or CLAIMS))
+
+
+def _paper_numbers(section: Mapping | None, better: Sequence[str], worse: Sequence[str]) -> str:
+    rows = (section or {}).get("rows") or {}
+    if len(better) == 1 and len(worse) == 1 and "glue" in rows.get(better[0], {}) and "glue" in rows.get(worse[0], {}):
+        a, b = rows[better[0]]["glue"], rows[worse[0]]["glue"]
+        return f"{a:.1f} vs {b:.1f} ({a - b:+.1f})"
+    return ""
+
+
+def sweep_claims(spec, paper: Mapping, claims: Mapping | None = None) -> list[Claim]:
+    """The claims of the sweep's paper section whose variants it has (per setting of the other axes for an
+    `axis` claim), then pre-trained vs each `pretrained: none` variant."""
+    claims = load_claims() if claims is None else claims
+    labels = {v.label for v in spec.variants}
+    out = []
+    for entry in claims.get(spec.paper, []) if spec.paper else []:
+        better, worse = tuple(entry["better"]), tuple(entry["worse"])
+        axis = entry.get("axis")
+        if axis is None:
+            if set(better) | set(worse) <= labels:
+                out.append(Claim(entry["claim"], entry["figure"], better, worse,
+                                 _paper_numbers(paper.get(spec.paper), better, worse)))
+            continue
+        settings: dict[tuple, dict[str, str]] = {}  # other axes' options -> {this axis' option: label}
+        for v in spec.variants:
+            if axis in v.axes:
+                rest = tuple(sorted((a, o) for a, o in v.axes.items() if a != axis))
+                settings.setdefault(rest, {})[v.axes[axis]] = v.label
+        for rest, by_option in settings.items():
+            b = tuple(by_option[o] for o in better if o in by_option)
+            w = tuple(by_option[o] for o in worse if o in by_option)
+            if b and w:
+                where = ", ".join(f"{a}={o}" for a, o in rest)
+                out.append(Claim(entry["claim"] + (f" ({where})" if where else ""), entry["figure"], b, w))
+    floors = [v.label for v in spec.variants if not pretrained(v)]
+    for entry in claims.get("no_pretraining", []) if floors else []:
+        for floor in floors:
+            for v in spec.variants:
+                if pretrained(v):
+                    out.append(Claim(f"{entry['claim']}: {v.label} > {floor}", entry["figure"], (v.label,), (floor,)))
+    return out
+
+
+# --- runs -> arms ------------------------------------------------------------------------------------------
+
+
+def pretrained(variant) -> bool:
+    """False for a variant fine-tuned from random weights: `pretrained: none` or `random_init_of: <label>`."""
+    return variant.pretrained != NO_PRETRAINING and getattr(variant, "random_init_of", None) is None
+
+
+def group_of(variant, pretrain_run) -> str | None:
+    """A run's pre-training group: its pre-training run, the imported model for a `pretrained` variant, or
+    None (its own group) when the variant has no pre-training (each run draws its own random encoder)."""
+    if not pretrained(variant):
+        return None
+    if isinstance(pretrain_run, str) and pretrain_run:
+        return pretrain_run
+    return f"pretrained:{variant.pretrained}"
+
+
+def load_run_predictions(client, run_id: str, task: str) -> mb.RunPredictions | None:
+    """(index, labels, predictions) of a fine-tuning run from its artifact; None when it has none. A local
+    artifact store is read in place (no copy, no progress bar per run)."""
+    uri = urlparse(client.get_run(run_id).info.artifact_uri)
+    if uri.scheme in ("", "file"):
+        path = Path(unquote(uri.path)) / PREDICTIONS_ARTIFACT
+        return _read(path, run_id, task) if path.is_file() else None
+    with tempfile.TemporaryDirectory(prefix="electra_ablate_preds_") as tmp:
+        try:
+            path = client.download_artifacts(run_id, PREDICTIONS_ARTIFACT, tmp)
+        except Exception:  # MlflowException / OSError: a run logged before predictions were kept
+            return None
+        return _read(path, run_id, task)
+
+
+def _read(path, run_id: str, task: str) -> mb.RunPredictions:
+    index, labels, preds = mb.read_predictions(path, glue.get_task(task))
+    return mb.RunPredictions(None, 0, index, labels, preds)
+
+
+@dataclass
+class Arms:
+    """Per variant and task, each final-checkpoint run as RunPredictions (when its artifact exists) and
+    RunScore (always)."""
+
+    predictions: dict[str, dict[str, list[mb.RunPredictions | None]]]
+    scores: dict[str, dict[str, list[mb.RunScore]]]
+
+    def of(self, labels: Sequence[str]) -> tuple[dict[str, dict[str, list]], bool]:
+        """{label: {task: runs}} for a comparison: predictions when every run of these labels has them."""
+        complete = all(p is not None for v in labels for runs in self.predictions[v].values() for p in runs)
+        source = self.predictions if complete else self.scores
+        return {v: source[v] for v in labels}, complete
+
+
+def collect_arms(spec, final: pd.DataFrame, client) -> Arms:
+    """Arms of every variant from the report's final-checkpoint score rows (report.collect)."""
+    preds: dict = {v.label: {} for v in spec.variants}
+    scores: dict = {v.label: {} for v in spec.variants}
+    for _, r in final.iterrows():
+        variant = spec.variant(r["variant"])
+        group = group_of(variant, r["pretrain_run"])
+        p = load_run_predictions(client, r["run_id"], r["task"])
+        preds[r["variant"]].setdefault(r["task"], []).append(
+            None if p is None else p._replace(group=group, seed=int(r["seed"])))
+        scores[r["variant"]].setdefault(r["task"], []).append(mb.RunScore(group, int(r["seed"]), float(r["score"])))
+    return Arms(preds, scores)
+
+
+# --- verdicts -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    difference: mb.Difference | None  # None: a variant has no finished run
+    tasks: tuple[str, ...]
+    groups: dict[str, int]
+    runs_per_group: float  # fine-tuning runs per pre-training group and task (median over arms)
+    examples: bool  # dev examples resampled (every run had predictions)
+    verdict: str
+    resolve: str
+
+
+def verdict_of(d: mb.Difference) -> str:
+    if d.low > 0:
+        return "holds"
+    if d.high < 0:
+        return "reversed"
+    return "unresolved at this scale"
+
+
+def what_it_takes(d: mb.Difference, verdict: str, groups: Mapping[str, int], per_group: float) -> str:
+    single = min(groups.values()) < 2
+    if verdict != "unresolved at this scale":
+        return ("≥2 pre-training seeds per arm to cover pre-training variance" if single else
+                "– (resolved over pre-training seeds, fine-tuning seeds and dev examples)")
+    k = mb.seeds_to_resolve(d)
+    if k is None:
+        return (f"no number of seeds: the dev-set noise alone (±{mb.z_score() * d.sd_examples:.1f}) covers the estimate "
+                f"{d.estimate:+.1f}; needs a larger scale (a bigger gap) or more dev examples")
+    if single:
+        return (f"≈{math.ceil(k * per_group)} fine-tuning seeds per arm (≈{k:.1f}x), if the estimate held; "
+                "and ≥2 pre-training seeds per arm to cover pre-training variance")
+    return (f"≈{math.ceil(k * min(groups.values()))} pre-training seeds per arm x {per_group:.0f} fine-tuning seeds "
+            f"(≈{k:.1f}x), if the estimate held")
+
+
+def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping | None = None,
+             samples: int = mb.SAMPLES, seed: int = mb.SEED) -> list[Verdict]:
+    """One verdict per claim of the sweep, from its final-checkpoint runs (`final`: report score rows)."""
+    todo = sweep_claims(spec, paper, claims)
+    if not todo:
+        return []
+    arms = collect_arms(spec, final, client)
+    out = []
+    for claim in todo:
+        labels = list(dict.fromkeys(claim.better + claim.worse))
+        runs, complete = arms.of(labels)
+        missing = [v for v in labels if not runs[v]]
+        tasks = [t for t in glue.TASKS if all(runs[v].get(t) for v in labels)]
+        if missing or not tasks:
+            out.append(Verdict(claim, None, (), {}, math.nan, False, "not run",
+                               f"fine-tuning runs of {', '.join(missing or labels)}"))
+            continue
+        boot = mb.bootstrap(runs, tasks, samples, seed)
+        d = mb.difference(mb.best_of([boot.glue[v] for v in claim.better]),
+                          mb.best_of([boot.glue[v] for v in claim.worse]))
+        per_group = float(np.median([len(runs[v][t]) / boot.groups[v] for v in labels for t in tasks]))
+        verdict = verdict_of(d)
+        out.append(Verdict(claim, d, tuple(tasks), dict(boot.groups), per_group, complete, verdict,
+                           what_it_takes(d, verdict, boot.groups, per_group)))
+    return out
+
+
+def glue_label(tasks: Sequence[str]) -> str:
+    """'GLUE' for the paper's eight tasks, else 'GLUE-<n>: <tasks>' (a subset is never plain GLUE)."""
+    names = glue_task_names(tasks)
+    return "GLUE" if len(names) == 8 and "WNLI" not in names else f"GLUE-{len(names)}: {', '.join(names)}"
+
+
+def glue_task_names(tasks: Sequence[str]) -> list[str]:
+    display = {t.name: t.dir_name for t in glue.TASKS.values()}
+    return [display[t] for t in glue.TASKS if t in tasks]
+
+
+def render(results: Sequence[Verdict]) -> list[str]:
+    """The report's closing section: one row per claim."""
+    out = ["## Verdicts on the paper's claims", ""]
+    if not results:
+        return out + ["This sweep runs no pair of variants that a claim in electra_ablate/claims.yaml compares.", ""]
+    out += ["Each claim's difference (better - worse, mean over runs x 100 on the tasks named) is a multi-bootstrap "
+            f"estimate (Sellam et al. 2022; {mb.SAMPLES} samples, seed {mb.SEED}) resampling pre-training seeds, "
+            "fine-tuning seeds and dev examples together (examples paired across arms); a set of variants counts "
+            "with its best member. Verdict: *holds* if the 95% interval is above 0, *reversed* if below, "
+            "*unresolved at this scale* otherwise. P(sign) is the share of bootstrap samples whose difference "
+            "has the estimate's sign.", ""]
+    rows, notes = [], []
+    for v in results:
+        c = v.claim
+        if v.difference is None:
+            rows.append([c.text, c.figure, c.paper or "–", "–", "–", "–", v.verdict, v.resolve])
+            continue
+        d = v.difference
+        covers = []
+        if min(v.groups.values()) < 2:
+            covers.append("one pre-training seed")
+        if not v.examples:
+            covers.append("no predictions: examples not resampled")
+        verdict = v.verdict + (f" ({'; '.join(covers)})" if covers else "")
+        rows.append([c.text, c.figure, c.paper or "–", glue_label(v.tasks),
+                     f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]", f"{d.sign_probability:.2f}", verdict,
+                     v.resolve])
+        if min(v.groups.values()) < 2:
+            notes.append(c.text)
+    out.append(_table(["claim", "paper figure", "paper", "ours on", "ours: Δ [95% CI]", "P(sign)", "verdict",
+                       "what would resolve it"], rows))
+    out.append("")
+    if notes:
+        out += ["With one pre-training seed per arm the interval covers fine-tuning seeds and dev examples only: "
+                "a verdict then holds for these pre-trained models, not for the pre-training recipe.", ""]
+    return out
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
