@@ -20,11 +20,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate import fast, tracking
-from electra_ablate.checkpoint import save_pretrained
+from electra_ablate.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
 from electra_ablate.data import PretrainDataModule
 from electra_ablate.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.model import ElectraForPretraining, EncoderConfig, share_weights
 from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.store import IdentityLock
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,36 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     validate(cfg)
     client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     cfg_hash = tracking.config_hash(cfg)
-    done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
-    if done is not None:
-        log.info("already pre-trained: run %s (config %s); nothing to do", done.info.run_id, cfg_hash)
-        return done.info.run_id
-
     store = Path(cfg.paths.output_root) / "pretrain" / cfg.logger.experiment / cfg_hash
+    # One process per identity: a second one would write the same checkpoints and the same MLflow run.
+    with IdentityLock(store / "run.lock", f"pre-training {cfg.run_name} (config {cfg_hash}, outputs {store})"):
+        return _train(cfg, client, cfg_hash, store, callbacks)
+
+
+def missing_outputs(run) -> list[str]:
+    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk."""
+    tags = run.data.tags
+    paths = [tags[tracking.TAG_CHECKPOINT]] if tracking.TAG_CHECKPOINT in tags else []
+    paths += list(json.loads(tags.get("checkpoints", "{}")).values())
+    if not paths:
+        return ["(no checkpoint_path tag)"]
+    return [p for p in dict.fromkeys(paths) if not all((Path(p) / f).is_file() for f in (CONFIG_NAME, MODEL_NAME))]
+
+
+def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[pl.Callback] | None) -> str | None:
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    done = next((r for r in runs if r.info.status == "FINISHED"), None)
+    if done is not None:
+        missing = missing_outputs(done)
+        if not missing:
+            tracking.retire_stale(client, runs, keep=done.info.run_id)
+            log.info("already pre-trained: run %s (config %s); nothing to do", done.info.run_id, cfg_hash)
+            return done.info.run_id
+        log.warning("run %s (config %s) FINISHED but its outputs are gone (%s); pre-training again in the same run",
+                    done.info.run_id, cfg_hash, ", ".join(missing))
+    # One run per identity: the finished run whose outputs are gone, else the newest interrupted one.
+    previous = done if done is not None else (runs[0] if runs else None)
+
     ckpt_dir = store / "checkpoints"
     last_ckpt = ckpt_dir / "last.ckpt"
     pl.seed_everything(cfg.seed, workers=True)
@@ -226,12 +251,15 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     system.flops_per_step = pretrain_flops_per_step(*flops_args)
     system.stage_flops = {stage: pretrain_flops_per_step(*flops_args, stage=stage) for stage in STAGES}
 
-    # An interrupted run with the same config continues in its own MLflow run from its last checkpoint.
-    resumed = _interrupted_run(client, cfg, cfg_hash) if last_ckpt.is_file() else None
-    if resumed is not None:
-        run = tracking.RunLogger(client, resumed)
-        client.update_run(resumed, status="RUNNING")
-        log.info("resuming run %s from %s", resumed, last_ckpt)
+    # The identity's run continues: from the last checkpoint when there is one (metrics already logged are
+    # not logged again), else from step 0 in place. RUNNING leftovers of dead processes are marked KILLED.
+    resume = previous is not None and last_ckpt.is_file()
+    if previous is not None:
+        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
+        if previous.info.status == "FINISHED":
+            how += "; its outputs were missing"
+        run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
+        log.info("run %s (%s): %s", previous.info.run_id, previous.info.status, how)
     else:
         run = tracking.RunLogger.start(
             client,
@@ -241,9 +269,12 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
             params=tracking.flatten(OmegaConf.to_container(cfg, resolve=True)),
         )
         run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
+    tracking.retire_stale(client, runs, keep=run.run_id)
     system.metrics_sink = run.log_metrics
+    system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
+    system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
     try:
-        trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resumed else None)
+        trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None)
         if trainer.interrupted:
             raise KeyboardInterrupt("pre-training was interrupted")
         final = save(trainer.global_step, "final")
@@ -251,24 +282,14 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
         run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
         run.finish("FINISHED")
     except BaseException as error:
-        run.finish("FAILED")
+        status, reason = tracking.end_status(error)
+        run.finish(status, reason)
         if cfg.sweep.keep_going and isinstance(error, Exception):
-            log.exception("pre-training failed; run %s marked FAILED, going on (sweep.keep_going=true)", run.run_id)
+            log.exception("pre-training failed; run %s marked %s, going on (sweep.keep_going=true)", run.run_id, status)
             return None
         raise
     log.info("pre-trained %s -> %s (MLflow run %s)", cfg.run_name, final, run.run_id)
     return run.run_id
-
-
-def _interrupted_run(client, cfg: DictConfig, cfg_hash: str) -> str | None:
-    exp = client.get_experiment_by_name(cfg.logger.experiment)
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}' and attributes.status != 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    return runs[0].info.run_id if runs else None
 
 
 @hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
