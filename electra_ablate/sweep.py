@@ -549,7 +549,8 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
             order_by=["attributes.start_time DESC"])
-        finished = next((r for r in runs if r.info.status == "FINISHED"), None)
+        # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
+        finished = next((r for r in runs if r.info.status == "FINISHED" and not pretrain.missing_outputs(r)), None)
         failed = None if finished is not None or not runs else runs[0]
         out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps)))
     return out
