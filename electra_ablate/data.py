@@ -171,15 +171,28 @@ def check_corpus(corpus: str | Path) -> Path:
 def iter_corpus_lines(corpus: str | Path, max_docs: int | None = None) -> Iterator[str]:
     """Stripped lines of the corpus, "" marking a document boundary, stopping after `max_docs` documents.
 
-    `.xz` files are decompressed as a stream. Runs of blank lines yield a single "".
+    `.xz` files are decompressed as a stream. Runs of blank lines yield a single "". Lines are read as bytes
+    and decoded one by one, so a file that turns binary or is cut off part-way is reported at its line and
+    byte offset in the file the user gave (decompressed, for .xz), not inside an internal read buffer.
     """
     path = Path(corpus)
     docs, in_doc = 0, False
+    line_no, offset = 0, 0
     try:
-        with _open_corpus(path) as f:
-            for raw in f:
+        with lzma.open(path, "rb") if path.name.endswith(".xz") else open(path, "rb") as f:
+            for data in f:
+                line_no += 1
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(
+                        f"Corpus {path}: line {line_no} (byte {offset + err.start}"
+                        f"{' of the decompressed text' if path.name.endswith('.xz') else ''}) is not UTF-8 text "
+                        f"({err.reason}); the file is binary or corrupt from there on. {_corpus_fix()}"
+                    ) from None
+                offset += len(data)
                 # Reference ExampleBuilder.add_line: line.strip().replace("\n", " ").
-                line = raw.strip()
+                line = text.strip()
                 if line:
                     in_doc = True
                     yield line
@@ -189,8 +202,11 @@ def iter_corpus_lines(corpus: str | Path, max_docs: int | None = None) -> Iterat
                     yield ""
                     if max_docs is not None and docs >= max_docs:
                         return
-    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as err:
-        raise DataError(f"Corpus {path} cannot be read ({err}). {_corpus_fix()}") from err
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise DataError(
+            f"Corpus {path} cannot be read after line {line_no} (byte {offset}): {err}; the file is truncated or "
+            f"corrupt. {_corpus_fix()}"
+        ) from err
     if in_doc:
         yield ""
 

@@ -29,7 +29,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import glue, tracking
+from electra_ablate import cli, glue, tracking
 from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
 from electra_ablate.data import load_tokenizer, read_vocab
 from electra_ablate.finetune_system import FinetuneSystem, GlueDataModule, OptimSettings
@@ -522,5 +522,11 @@ def main(cfg: DictConfig) -> float:
     return run(cfg)
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("finetune")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -50,7 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import pretrain, tracking
+from electra_ablate import cli, pretrain, tracking
 
 log = logging.getLogger(__name__)
 
@@ -996,5 +996,11 @@ def main(cfg: DictConfig) -> str | None:
     return str(result.report) if result.report else None
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -47,10 +47,20 @@ TAG_CHECKPOINT = "checkpoint_path"
 TAG_PRETRAIN_RUN = "pretrain_run_id"
 
 
+def default_tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI`, else the store of conf/paths/default.yaml: `$ELECTRA_ABLATE_HOME/mlflow.db`, else
+    `<checkout>/outputs/mlflow.db`, whatever the working directory."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    root = Path(os.environ.get("ELECTRA_ABLATE_ROOT") or Path(__file__).resolve().parent.parent)
+    home = Path(os.environ.get("ELECTRA_ABLATE_HOME") or root / "outputs")
+    return f"sqlite:///{home.expanduser().resolve()}/mlflow.db"
+
+
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
-    """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else that variable, else
-    `sqlite:///outputs/mlflow.db`; the parent folder of a SQLite file is created."""
-    uri = cfg_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
+    """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else `default_tracking_uri()`;
+    the parent folder of a SQLite file is created."""
+    uri = cfg_uri or default_tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).expanduser().parent.mkdir(parents=True, exist_ok=True)
     return uri

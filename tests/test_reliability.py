@@ -77,38 +77,49 @@ def test_eight_processes_write_a_hundred_runs_to_a_new_store(tmp_path):
     print(f"8 processes, 104 runs on a new SQLite store: 0 lost, {seconds:.1f} s")
 
 
-def make_store(path: Path, runs: int) -> None:
+@pytest.fixture(scope="session")
+def template_store(tmp_path_factory) -> Path:
+    """A store with two runs, made once (MLflow's ~50 schema migrations take seconds); tests copy it."""
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
     client = tracking.setup(f"sqlite:///{path}", "exp")
-    for i in range(runs):
+    for i in range(2):
         tracking.RunLogger.start(client, "exp", f"r{i}", {}).finish()
+    return path
 
 
-def fresh_process_setup(path: Path) -> subprocess.CompletedProcess:
-    """tracking.setup in a new process (this one has the store's engine cached)."""
-    code = f"from electra_ablate import tracking; tracking.setup('sqlite:///{path}', 'exp'); print('opened')"
-    return subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=300)
+def copy_of(template: Path, tmp: Path) -> Path:
+    db = tmp / "mlflow.db"
+    db.write_bytes(template.read_bytes())
+    return db
 
 
-def test_a_half_migrated_store_with_runs_is_refused_with_how_to_recover(tmp_path):
-    db = tmp_path / "mlflow.db"
-    make_store(db, runs=2)
+def test_a_half_migrated_store_with_runs_is_refused_with_how_to_recover(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
     with sqlite3.connect(db) as con:  # what an interrupted alembic batch migration leaves behind
         con.execute("create table _alembic_tmp_latest_metrics (key varchar(250))")
     before = db.read_bytes()
-    out = fresh_process_setup(db)
-    assert out.returncode != 0
-    assert "StoreError" in out.stderr and "interrupted half-way" in out.stderr and "_alembic_tmp_latest_metrics" in out.stderr
-    assert "It holds 2 run(s)" in out.stderr and "mlflow db upgrade" in out.stderr and f"mv {db} {db}.broken" in out.stderr
+    with pytest.raises(store.StoreError) as error:
+        tracking.setup(f"sqlite:///{db}", "exp")
+    message = str(error.value)
+    assert "interrupted half-way" in message and "_alembic_tmp_latest_metrics" in message
+    assert "It holds 2 run(s)" in message and "mlflow db upgrade" in message and f"mv {db} {db}.broken" in message
     assert db.read_bytes() == before  # refused, untouched
 
 
-def test_a_store_with_a_stale_schema_version_is_refused(tmp_path):
-    db = tmp_path / "mlflow.db"
-    make_store(db, runs=1)
+def test_a_store_with_a_stale_schema_version_is_refused(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
     with sqlite3.connect(db) as con:
         con.execute("update alembic_version set version_num = '0a8213491aaa'")  # MLflow 1.x's first revision
-    out = fresh_process_setup(db)
-    assert out.returncode != 0 and "schema version is 0a8213491aaa" in out.stderr and "mlflow db upgrade" in out.stderr
+    with pytest.raises(store.StoreError, match="schema version is 0a8213491aaa.*mlflow db upgrade"):
+        tracking.setup(f"sqlite:///{db}", "exp")
+
+
+def test_a_store_from_a_newer_mlflow_says_so(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
+    with sqlite3.connect(db) as con:
+        con.execute("update alembic_version set version_num = 'ffffffffffff'")
+    with pytest.raises(store.StoreError, match="written by a newer MLflow"):
+        tracking.setup(f"sqlite:///{db}", "exp")
 
 
 def test_a_half_created_store_without_runs_is_set_aside_and_recreated(tmp_path):
@@ -116,9 +127,9 @@ def test_a_half_created_store_without_runs_is_set_aside_and_recreated(tmp_path):
     with sqlite3.connect(db) as con:  # creation killed after the first tables
         con.execute("create table experiments (experiment_id integer primary key, name varchar(256))")
         con.execute("create table _alembic_tmp_runs (run_uuid varchar(32))")
-    out = fresh_process_setup(db)
-    assert out.returncode == 0, out.stderr
-    assert store.inspect_sqlite(db) == (None, 0)
+    client = tracking.setup(f"sqlite:///{db}", "exp")
+    tracking.RunLogger.start(client, "exp", "r", {}).finish()
+    assert store.inspect_sqlite(db) == (None, 1)
     assert len(list(tmp_path.glob("mlflow.db.broken-*"))) == 1  # kept for inspection
 
 
