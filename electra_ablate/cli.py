@@ -72,11 +72,17 @@ def unknown_key_message(config_name: str, args: Sequence[str]) -> str | None:
         if OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT:
             continue
         keys = _leaf_keys(cfg)
-        close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
-        if not close:  # the same last part under another parent (model.lr -> optim.lr)
-            leaf = key.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(key, keys, n=3, cutoff=0.75)
+        parent, _, leaf = key.rpartition(".")
+        if not close:  # the same name under another parent (model.lr -> optim.lr)
             close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:3]
-        hint = f"; did you mean {' or '.join(close)}?" if close else f"; see conf/{config_name}.yaml and its groups"
+        siblings = sorted(k.rsplit(".", 1)[-1] for k in keys if k.rpartition(".")[0] == parent and k != parent)
+        if close:
+            hint = f"; did you mean {' or '.join(close)}?"
+        elif parent and siblings:
+            hint = f"; {parent} has: {', '.join(siblings)}"
+        else:
+            hint = f"; see conf/{config_name}.yaml and its groups"
         return (f"{key} is not a key of the {config_name} config{hint} (a `+{key}=...` would only add a key "
                 "that nothing reads)")
     return None

@@ -423,6 +423,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
                                 float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
         system.metrics_sink = run.log_metrics
+        system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
         datamodule = GlueDataModule(
             features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
             length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),

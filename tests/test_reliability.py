@@ -184,3 +184,178 @@ def test_stale_running_runs_are_marked_killed_with_a_reason(tmp_path):
     old = client.get_run(a.run_id)
     assert old.info.status == "KILLED" and f"superseded by run {b.run_id}" in old.data.tags[tracking.TAG_END_REASON]
     assert client.get_run(b.run_id).info.status == "RUNNING"
+
+
+# --- fault injection: SIGKILL (and SIGTERM) at several points, then the same command again -------------------
+
+PRETRAIN_ARGS = ["objective=electra", "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=8",
+                 "logger.log_every_n_steps=4", "trainer.export_fractions=[0.5]"]
+
+
+def pretrain_command(root: Path, data_dir: Path, cache: Path) -> list[str]:
+    from conftest import TINY_PRETRAIN
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(root), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(cache), "hydra.run.dir": str(root / "run")}
+    return [sys.executable, "-m", "electra_ablate.pretrain", *PRETRAIN_ARGS, *(f"{k}={v}" for k, v in settings.items())]
+
+
+def finetune_command(root: Path, data_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "electra_ablate.finetune", "pretrained=none", "task=rte", "task.epochs=3",
+            "model.hidden_size=32", "model.embedding_size=32", "model.num_hidden_layers=2",
+            "model.num_attention_heads=2", "model.intermediate_size=64", "glue_data.max_seq_length=64",
+            "glue_data.batch_size=8", "glue_data.max_train_examples=96", "glue_data.max_eval_examples=32",
+            "logger.log_every_n_steps=2", "runtime.num_workers=0", "trainer.enable_progress_bar=false",
+            f"paths.root_dir={root}", f"paths.data_dir={data_dir}", f"hydra.run.dir={root / 'run'}"]
+
+
+def client_of(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root}/outputs/mlflow.db")
+
+
+def all_runs(root: Path) -> list:
+    db = root / "outputs" / "mlflow.db"
+    if not db.is_file():
+        return []
+    try:
+        client = client_of(root)
+        return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    except Exception:  # noqa: BLE001 - the store is being created by the process under test
+        return []
+
+
+def run_to_completion(cmd: list[str]) -> None:
+    out = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+def kill_when(cmd: list[str], ready, sig: int = signal.SIGKILL, timeout: float = 900) -> float:
+    """Start `cmd`, send `sig` as soon as `ready()` is true; returns the seconds it ran."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tic = time.perf_counter()
+    try:
+        while not ready():
+            assert proc.poll() is None, f"finished before the fault could be injected: {proc.stderr.read()[-3000:]}"
+            assert time.perf_counter() - tic < timeout, "fault point never reached"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return time.perf_counter() - tic
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+@pytest.fixture(scope="module")
+def straight_pretraining(tmp_path_factory, data_dir, token_cache):
+    root = tmp_path_factory.mktemp("straight_pretrain")
+    run_to_completion(pretrain_command(root, data_dir, token_cache))
+    (run,) = all_runs(root)
+    return client_of(root), run
+
+
+def first_checkpoint(root: Path):
+    return lambda: any(root.glob("outputs/pretrain/*/*/checkpoints/last.ckpt"))
+
+
+def second_checkpoint(root: Path):
+    return lambda: any(root.glob("outputs/pretrain/*/*/checkpoints.json"))  # written at step 12, after ckpt 8
+
+
+def run_recorded(root: Path):
+    return lambda: any(r.info.status == "RUNNING" for r in all_runs(root))
+
+
+KILL_POINTS = {
+    "after the run is recorded, before any checkpoint": run_recorded,
+    "after the first checkpoint": first_checkpoint,
+    "after the half-way export": second_checkpoint,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("point", KILL_POINTS, ids=list(KILL_POINTS))
+def test_pretraining_killed_and_rerun_matches_a_straight_run(tmp_path, data_dir, token_cache, straight_pretraining,
+                                                             point, sig):
+    expected_client, expected = straight_pretraining
+    cmd = pretrain_command(tmp_path, data_dir, token_cache)
+    seconds = kill_when(cmd, KILL_POINTS[point](tmp_path), sig)
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in runs]
+    client, run = client_of(tmp_path), runs[0]
+    assert int(run.data.tags[tracking.TAG_ATTEMPTS]) == 2
+    for key in ("train/loss", "train/disc_loss", "train/masked_lm_accuracy", "train/disc_auc", "flops/total"):
+        got, want = history(client, run.info.run_id, key), history(expected_client, expected.info.run_id, key)
+        assert [s for s, _ in got] == [s for s, _ in want], (key, got, want)  # complete, each step once
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
+    print(f"pre-training, {sig.name} {point}: killed after {seconds:.1f} s; re-run matches the straight run")
+
+
+@pytest.fixture(scope="module")
+def straight_finetuning(tmp_path_factory, data_dir):
+    root = tmp_path_factory.mktemp("straight_finetune")
+    run_to_completion(finetune_command(root, data_dir))
+    (run,) = all_runs(root)
+    return client_of(root), run
+
+
+def has_metrics(root: Path):
+    return lambda: any(r.info.status == "RUNNING" and r.data.metrics for r in all_runs(root))
+
+
+FINETUNE_POINTS = {"after the run is recorded": run_recorded, "once metrics are in the store": has_metrics}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", FINETUNE_POINTS, ids=list(FINETUNE_POINTS))
+def test_finetuning_killed_and_rerun_restarts_in_the_same_run(tmp_path, data_dir, straight_finetuning, point):
+    expected_client, expected = straight_finetuning
+    cmd = finetune_command(tmp_path, data_dir)
+    kill_when(cmd, FINETUNE_POINTS[point](tmp_path))
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in runs]
+    client, run = client_of(tmp_path), runs[0]
+    assert int(run.data.tags[tracking.TAG_ATTEMPTS]) == 2
+    assert "restarted from step 0 in place" in run.data.tags[tracking.TAG_RESTARTS]
+    for key in ("train/loss", "dev/accuracy", "final/score"):
+        got, want = history(client, run.info.run_id, key), history(expected_client, expected.info.run_id, key)
+        assert [s for s, _ in got] == [s for s, _ in want], (key, got, want)
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
+
+
+# --- launchers: every launcher the docs name runs a multirun with the default runtime settings ---------------
+
+LAUNCHERS = {
+    "basic": [],
+    "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=60"],
+    "ray": ["hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=list(LAUNCHERS))
+def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_dir, token_cache, launcher):
+    from conftest import TINY_PRETRAIN
+
+    if launcher == "ray":
+        pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
+    # The default runtime group (runtime.num_workers=2: DataLoader worker processes inside launcher workers).
+    settings = {k: v for k, v in TINY_PRETRAIN.items() if not k.startswith("runtime.")}
+    settings.update({"paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir), "paths.cache_dir": str(token_cache),
+                     "trainer.max_steps": "4", "optim.warmup_steps": "1", "hydra.sweep.dir": str(tmp_path / "multirun")})
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", "-m", "objective=bert", "seed=0,1",
+           *(f"{k}={v}" for k, v in settings.items()), *LAUNCHERS[launcher]]
+    tic = time.perf_counter()
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert sorted((r.data.tags["seed"], r.info.status) for r in runs) == [("0", "FINISHED"), ("1", "FINISHED")]
+    print(f"launcher {launcher}: 2 pre-training jobs in {time.perf_counter() - tic:.0f} s")
