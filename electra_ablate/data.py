@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import lzma
+import multiprocessing
 import random
 import shutil
 import tempfile
@@ -151,6 +152,18 @@ def _corpus_fix() -> str:
         "between documents), e.g. by setting paths.data_dir or the environment variable ELECTRA_ABLATE_DATA "
         "to the shared data folder."
     )
+
+
+def worker_context(num_workers: int):
+    """The multiprocessing context for DataLoader workers: the platform's default start method (fork on Linux).
+
+    Inside a joblib worker (Hydra's joblib launcher) the process-wide default is loky's own start method,
+    with which DataLoader workers fail to start (torch: "Got pickle error when attempting to start a worker
+    Process"); naming the platform's method explicitly makes `runtime.num_workers` work under every launcher.
+    """
+    if num_workers == 0:
+        return None
+    return multiprocessing.get_context(multiprocessing.get_all_start_methods()[0])
 
 
 def check_corpus(corpus: str | Path) -> Path:
@@ -745,7 +758,8 @@ class PretrainDataModule(pl.LightningDataModule):
                                   self._start, rank, world_size)
         # batch_size=None: the dataset yields whole batches; the sampler-free stream has no length, so
         # Lightning runs one endless epoch and stops at max_steps.
-        return DataLoader(batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
+        return DataLoader(batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          multiprocessing_context=worker_context(self.num_workers))
 
     def _identity(self) -> dict:
         _, world_size = self._rank_world()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from electra_ablate.data import worker_context
 from electra_ablate.glue import Features, TaskSpec, compute_metrics
 from electra_ablate.model import ElectraModel
 from electra_ablate.optim import linear_warmup_decay, no_decay
@@ -317,6 +318,7 @@ class GlueDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            multiprocessing_context=worker_context(self.num_workers),  # joblib launcher: data.worker_context
             **kwargs,
         )
 
