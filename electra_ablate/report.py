@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from electra_ablate import arms, expected_max, glue, tracking, verdicts
+from electra_ablate import arms, cli, expected_max, glue, tracking, verdicts
 from electra_ablate.sweep import (
     random_init_checkpoints,
     Checkpoint,
@@ -792,5 +792,11 @@ def main(cfg: DictConfig) -> str:
     return str(path)
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -50,7 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import pretrain, tracking
+from electra_ablate import cli, pretrain, tracking
 
 log = logging.getLogger(__name__)
 
@@ -581,7 +581,8 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
             order_by=["attributes.start_time DESC"])
-        finished = next((r for r in runs if r.info.status == "FINISHED"), None)
+        # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
+        finished = next((r for r in runs if r.info.status == "FINISHED" and not pretrain.missing_outputs(r)), None)
         failed = None if finished is not None or not runs else runs[0]
         out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps)))
     return out
@@ -1035,5 +1036,11 @@ def main(cfg: DictConfig) -> str | None:
     return str(result.report) if result.report else None
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

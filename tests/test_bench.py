@@ -118,7 +118,7 @@ def test_compiled_pretraining_logs_its_compile_time(tmp_path, data_dir):
     with initialize_config_dir(config_dir=str(bench.CONF_DIR), version_base="1.3"):
         cfg = compose("pretrain", overrides=[
             "model=tiny", *TINY, "data.max_seq_length=64", "data.batch_size=8", "runtime.compile=true",
-            "runtime.num_workers=0", "trainer.max_steps=5", "trainer.enable_progress_bar=false",
+            "runtime.num_workers=0", "trainer.max_steps=5", "optim.warmup_steps=1", "trainer.enable_progress_bar=false",
             f"paths.root_dir={tmp_path}", f"paths.data_dir={data_dir}", f"paths.output_dir={tmp_path}/run",
             f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
     run_id = pretrain.train(cfg)
