@@ -568,6 +568,11 @@ class PretrainState(NamedTuple):
     run: Any  # the newest FINISHED mlflow Run, or None
     failed: Any  # the newest unfinished (FAILED / RUNNING / KILLED) run when none finished, or None
     max_steps: int
+    outputs_missing: bool = False  # FINISHED, but its pre-trained directories are gone: pre-training runs again
+
+    @property
+    def needs_pretraining(self) -> bool:
+        return self.run is None or self.outputs_missing
 
 
 def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
@@ -582,9 +587,11 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
             [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
             order_by=["attributes.start_time DESC"])
         # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
-        finished = next((r for r in runs if r.info.status == "FINISHED" and not pretrain.missing_outputs(r)), None)
+        # Its fine-tuning results stay valid and reported meanwhile.
+        finished = next((r for r in runs if r.info.status == "FINISHED"), None)
         failed = None if finished is not None or not runs else runs[0]
-        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps)))
+        missing = finished is not None and bool(pretrain.missing_outputs(finished))
+        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing))
     return out
 
 
@@ -869,7 +876,7 @@ class SweepResult:
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
     states = pretrain_states(ctx, client)
-    todo = [s.job for s in states if s.run is None]
+    todo = [s.job for s in states if s.needs_pretraining]
     result = PhaseResult("pretrain", jobs=len(todo))
     if not todo:
         log.info("pre-training: all %d jobs already FINISHED", len(states))
@@ -897,6 +904,10 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
     notes: list[str] = []
     for state in pretrain_states(ctx, client):
         if state.run is None:
+            continue
+        if state.outputs_missing:  # its weights are gone (and pre-training them again failed): nothing to load
+            notes.append(f"{state.job.variant} seed {state.job.seed}: FINISHED run {state.run.info.run_id} has lost "
+                         "its pre-trained directories; its missing fine-tuning jobs wait for pre-training to redo them")
             continue
         found, missing = checkpoints_of(state, ctx.spec.checkpoints)
         checkpoints += found
