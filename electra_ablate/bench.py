@@ -583,6 +583,7 @@ class Report:
     bert: list[dict] = field(default_factory=list)
     finetune: list[dict] = field(default_factory=list)
     shapes: list[dict] = field(default_factory=list)
+    finetune_padding: list[dict] = field(default_factory=list)
     data: list[dict] = field(default_factory=list)
     memory: list[dict] = field(default_factory=list)
     syncs: list[dict] = field(default_factory=list)
@@ -821,13 +822,27 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
     at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
     from electra_ablate import glue
     from electra_ablate.data import load_tokenizer
-    from electra_ablate.finetune_system import FinetuneSystem, OptimSettings, collate, layerwise_param_groups
+    from electra_ablate.finetune_system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
+                                                layerwise_param_groups)
 
     cfg = compose_config(s, model)
     task = glue.get_task(task_name)
     batch_size = 32 if s.device.type == "cpu" else 128
     n_batches = 2 if s.quick else 4
     examples = glue.read_tsv(task, s.data_dir / "glue", "train")
+    if model == s.models[0]:  # padding of one epoch of the training split (no timing): once per run
+        subset = examples[: 2000] if s.quick else examples
+        lengths = glue.featurize(subset, load_tokenizer(cfg.data.vocab_file, True), 128, task.is_regression).lengths
+        shuffled = np.random.default_rng(0).permutation(len(lengths))
+        for label, batches_of in (
+            ("shuffled, padded to the batch's longest (default)",
+             [shuffled[i : i + batch_size] for i in range(0, len(shuffled), batch_size)]),
+            ("length buckets (`glue_data.length_buckets=true`)",
+             list(LengthBucketBatchSampler(lengths, batch_size, seed=0))),
+        ):
+            padded = sum(len(ix) * int(lengths[ix].max()) for ix in batches_of)
+            rep.finetune_padding.append({"task": task_name.upper(), "batching": label, "examples": len(lengths),
+                                         "real_tokens": int(lengths.sum()), "padded_tokens": padded})
     order = np.random.default_rng(0).permutation(len(examples))[: batch_size * n_batches]
     features = glue.featurize([examples[i] for i in order], load_tokenizer(cfg.data.vocab_file, True), 128,
                               task.is_regression)
@@ -1168,9 +1183,9 @@ def render(rep: Report) -> str:
             "",
             "`FinetuneSystem` (encoder + [CLS] classifier) forward, loss, backward, clipping and AdamW with "
             "layer-wise learning rates, on shuffled real training batches padded to their longest sequence; every "
-            "row of a config interleaved on the same batches. Dropout masks: fast (`runtime.fast_dropout=true`, "
-            "the default, which fine-tuning installs as pre-training does) or torch's own; / fastest = this row's "
-            "step over the config's fastest row.",
+            "row of a config interleaved on the same batches. Dropout masks: torch's own (what fine-tuning uses) "
+            "or the fast masks and attention that pre-training installs with `runtime.fast_dropout=true`; "
+            "/ fastest = this row's step over the config's fastest row.",
             "",
             "| config | task | precision | dropout masks | batch | mean padded length | step (s) | examples/s "
             "| / fastest |",
@@ -1183,6 +1198,15 @@ def render(rep: Report) -> str:
             L.append(f"| {r['model']} | {r['task']} | {r.get('precision', '')} | {r['variant']} | {r['batch']} | "
                      f"{r['padded_len']:.0f} | {_f(r['step_s'])} | {r['examples_per_s']:.1f} | "
                      f"{r['step_s'] / best[r['model']]:.2f}x |")
+        if rep.finetune_padding:
+            L += ["", "Padding over one epoch of the training split (counted, not timed); the step's cost grows with "
+                  "the padded tokens. Length buckets change which examples share a batch, so they are an option "
+                  "(`glue_data.length_buckets`, part of the run identity), not a default.", "",
+                  "| task | batching | examples | real tokens | padded tokens | padded / real |",
+                  "|---|---|---|---|---|---|"]
+            for r in rep.finetune_padding:
+                L.append(f"| {r['task']} | {r['batching']} | {r['examples']} | {r['real_tokens']} | "
+                         f"{r['padded_tokens']} | {r['padded_tokens'] / r['real_tokens']:.2f}x |")
         L.append("")
     if rep.data:
         need: dict[str, float] = {}  # the fastest of our training steps (any precision): what the loader must feed

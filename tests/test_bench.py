@@ -86,6 +86,9 @@ def test_every_section_reports(quick_report):
     assert {(r["precision"], r["variant"]) for r in rep.finetune} == {
         (p, v) for p in ("32-true", "bf16-mixed") for v in ("fast dropout", "torch dropout")}
     assert all(r["examples_per_s"] > 0 and r["task"] == "SST2" for r in rep.finetune)
+    default, buckets = rep.finetune_padding  # one epoch of the first 2,000 SST-2 rows, counted
+    assert default["real_tokens"] == buckets["real_tokens"] and default["examples"] == 2000
+    assert default["real_tokens"] < default["padded_tokens"] and buckets["padded_tokens"] < default["padded_tokens"]
     assert [(r["batch_size"], r["seq_len"], r["precision"]) for r in rep.shapes] == [
         (4, 32, "32-true"), (4, 32, "bf16-mixed"), (8, 64, "32-true"), (8, 64, "bf16-mixed")]
     assert "| tiny | 8 | 64 | bf16-mixed |" in text
