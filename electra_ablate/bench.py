@@ -959,7 +959,8 @@ def machine_info(s: Settings) -> dict:
         commit, dirty = "?", False
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": precision_lib.cpu_name(), "cpu_bf16": precision_lib.describe_cpu(), "isa": isa, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
+        "cpu": precision_lib.cpu_name(), "cpu_bf16": precision_lib.describe_cpu(), "isa": isa,
+        "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "lightning": pytorch_lightning.__version__, "os": platform.platform(),
         "commit": commit + (" (with uncommitted changes)" if dirty else ""),
@@ -1325,8 +1326,9 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     if a.precisions is None:
         precisions = default_precisions(device.type)
     else:
-        precisions = tuple(dict.fromkeys(x for x in a.precisions.split(",") if x))
-        bad = sorted(set(precisions) - set(PRECISIONS))
+        requested = [x for x in a.precisions.split(",") if x]
+        bad = sorted(set(requested) - set(PRECISIONS))
+        precisions = tuple(p for p in PRECISIONS if p in requested)  # fp32 first: the base of the ratios
         if bad or not precisions:
             raise BenchError(f"--precisions {a.precisions!r}: {bad or 'empty'} not benchmarked; give a comma-separated "
                              f"subset of {','.join(PRECISIONS)}")
