@@ -306,6 +306,8 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                f"sweep={spec.name}{'' if spec.scale is None else f' scale={spec.scale}'}` on "
                f"{time.strftime('%Y-%m-%d %H:%M %Z')}; do not edit by hand.")
     out.append("")
+    if spec.notes:
+        out += [spec.notes, ""]
     sections = {spec.paper} if spec.paper else set()
     sections |= {v.expected_row.partition(".")[0] for v in spec.variants if v.expected_row}
     for s in sorted(x for x in sections if x in paper):

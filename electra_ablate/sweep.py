@@ -64,6 +64,7 @@ SCALES = ("tiny", "small", "base", "large")
 TOP_KEYS = {
     "name": "the sweep's name (= its MLflow experiment); default: the file name",
     "description": "one line for the report's title",
+    "notes": "a paragraph the report opens with: what the sweep can and cannot show",
     "script": "the first entry point (electra_ablate.pretrain, or electra_ablate.finetune when every variant names `pretrained`)",
     "paper": "section of electra_ablate/paper_results.yaml whose rows are this sweep's variant labels",
     "baseline": "variant the bootstrap differences are taken against",
@@ -118,6 +119,7 @@ class SweepSpec:
     pretrain_seeds: tuple[int, ...]
     checkpoints: tuple[float, ...]
     variants: tuple[Variant, ...]
+    notes: str = ""
 
     @property
     def scale_name(self) -> str:
@@ -221,6 +223,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         path=path,
         scale=scale if scales else None,
         description=str(raw.get("description") or name_),
+        notes=" ".join(str(raw.get("notes") or "").split()),
         paper=raw.get("paper"),
         baseline=baseline,
         figures=figures,
