@@ -120,22 +120,19 @@ class _Counted(io.RawIOBase):
         super().close()
 
 
-def _open_text(path: Path, counter: _Counted) -> io.TextIOWrapper:
+def _open_binary(path: Path, counter: _Counted) -> io.IOBase:
+    """The file's bytes, decompressed by its suffix (.gz, .xz, .zst) as a stream."""
     name = path.name
-    binary: io.IOBase
     if name.endswith(".gz"):
-        binary = gzip.GzipFile(fileobj=counter, mode="rb")
-    elif name.endswith(".xz"):
-        binary = lzma.LZMAFile(counter, mode="rb")
-    elif name.endswith(".zst"):
+        return gzip.GzipFile(fileobj=counter, mode="rb")
+    if name.endswith(".xz"):
+        return lzma.LZMAFile(counter, mode="rb")
+    if name.endswith(".zst"):
         import zstandard  # only needed for .zst corpora
 
         # read_across_frames: zstd's multi-threaded mode writes one frame per block.
-        binary = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(counter, read_across_frames=True))
-    else:
-        binary = io.BufferedReader(counter)
-    # newline=None: universal newlines, as data.iter_corpus_lines reads its corpus.
-    return io.TextIOWrapper(binary, encoding="utf-8", newline=None)
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(counter, read_across_frames=True))
+    return io.BufferedReader(counter)
 
 
 def _read_errors() -> tuple[type[BaseException], ...]:
@@ -230,55 +227,68 @@ class TextFiles:
                 done += path.stat().st_size
                 self.bytes_read = done
 
-    def _text_lines(self, path: Path, counter: _Counted) -> Iterator[str]:
-        lineno, in_doc = 0, False
-        try:
-            with _open_text(path, counter) as f:
-                for lineno, raw in enumerate(f, 1):
-                    # Reference ExampleBuilder.add_line: line.strip(); runs of blank lines end one document.
-                    line = raw.strip()
-                    if line:
-                        in_doc = True
-                        yield line
-                    elif in_doc:
-                        in_doc = False
-                        yield ""
-                    if not lineno & 1023:
-                        self.bytes_read = self._base + counter.bytes_read
-        except _read_errors() as err:
-            raise DataError(f"Corpus file {path} cannot be read at line {lineno + 1} ({type(err).__name__}: "
-                            f"{err}). Fix or remove that file from data.paths.") from err
-        if in_doc:
-            yield ""
+    def _file_lines(self, path: Path, counter: _Counted, universal: bool) -> Iterator[tuple[int, str]]:
+        """(line number, text) of each line of the file, decoded one line at a time so that an error names it.
 
-    def _json_lines(self, path: Path, counter: _Counted) -> Iterator[str]:
+        `universal`: also split at a lone "\r", as Python's universal newlines (and so data.iter_corpus_lines) do.
+        """
         lineno = 0
         try:
-            with _open_text(path, counter) as f:
+            with _open_binary(path, counter) as f:
                 for lineno, raw in enumerate(f, 1):
-                    if not raw.strip():
-                        continue
                     try:
-                        record = json.loads(raw)
-                    except json.JSONDecodeError as err:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as err:
                         raise DataError(
-                            f"Corpus file {path} line {lineno} is not JSON ({err.msg}, column {err.colno}). A "
-                            "JSON-lines file holds one JSON object per line; fix the line or remove the file "
-                            "from data.paths.") from err
-                    text = record.get(self.text_field) if isinstance(record, dict) else None
-                    if not isinstance(text, str):
-                        fields = sorted(record) if isinstance(record, dict) else type(record).__name__
-                        raise DataError(
-                            f"Corpus file {path} line {lineno} has no text field {self.text_field!r} (it has "
-                            f"{fields}). Set data.text_field to the field that holds the document's text.")
-                    yield from document_lines(text)
+                            f"Corpus file {path} line {lineno} is not UTF-8 text (byte {err.start + 1} of the "
+                            f"line: {err.reason}). Fix or remove that file from data.paths.") from err
+                    if universal and "\r" in text:
+                        for part in text.replace("\r\n", "\n").split("\r"):
+                            yield lineno, part
+                    else:
+                        yield lineno, text
                     if not lineno & 1023:
                         self.bytes_read = self._base + counter.bytes_read
         except DataError:
             raise
         except _read_errors() as err:
-            raise DataError(f"Corpus file {path} cannot be read at line {lineno + 1} ({type(err).__name__}: "
-                            f"{err}). Fix or remove that file from data.paths.") from err
+            # Decompression reads ahead, so the damage is somewhere after the last complete line.
+            where = f"after line {lineno}" if lineno else "from its start"
+            raise DataError(f"Corpus file {path} cannot be read {where} ({type(err).__name__}: {err}). Fix or "
+                            "remove that file from data.paths.") from err
+
+    def _text_lines(self, path: Path, counter: _Counted) -> Iterator[str]:
+        in_doc = False
+        for _, raw in self._file_lines(path, counter, universal=True):
+            # Reference ExampleBuilder.add_line: line.strip(); runs of blank lines end one document.
+            line = raw.strip()
+            if line:
+                in_doc = True
+                yield line
+            elif in_doc:
+                in_doc = False
+                yield ""
+        if in_doc:
+            yield ""
+
+    def _json_lines(self, path: Path, counter: _Counted) -> Iterator[str]:
+        for lineno, raw in self._file_lines(path, counter, universal=False):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    f"Corpus file {path} line {lineno} is not JSON ({err.msg}, column {err.colno}). A JSON-lines "
+                    "file holds one JSON object per line; fix the line or remove the file from data.paths."
+                ) from err
+            text = record.get(self.text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                fields = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise DataError(
+                    f"Corpus file {path} line {lineno} has no text field {self.text_field!r} (it has {fields}). "
+                    "Set data.text_field to the field that holds the document's text.")
+            yield from document_lines(text)
 
 
 class HFDataset:
@@ -524,17 +534,18 @@ class _Progress:
         self.total_bytes = source.total_bytes if isinstance(source, TextFiles) else None
         self.total_rows = source.total_rows if isinstance(source, HFDataset) else None
 
-    def shard(self, tokens: int, read_back: bool, force: bool = False) -> None:
+    def shard(self, tokens: int, read_back: bool) -> None:
         self.shards += 1
         self.read_back += read_back
         self.tokens += tokens
-        now = time.perf_counter()
-        if not force and now - self.last < PROGRESS_SECONDS:
-            return
-        self.last = now
+        if time.perf_counter() - self.last >= PROGRESS_SECONDS:
+            self.report()
+
+    def report(self) -> None:
+        now = self.last = time.perf_counter()
         where = ""
         if self.total_bytes:
-            where = f", {self.source.bytes_read / 1e6:.0f} of {self.total_bytes / 1e6:.0f} MB of files read"
+            where = f", {self.source.bytes_read / 1e6:.1f} of {self.total_bytes / 1e6:.1f} MB of files read"
         elif isinstance(self.source, HFDataset):
             of = f" of {self.total_rows}" if self.total_rows is not None else ""
             where = f", {self.source.rows_read}{of} rows read"
@@ -673,7 +684,7 @@ def build_or_load_corpus(
             "build_seconds": round(seconds, 3),
         }
         (tmp / D.META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    progress.shard(0, read_back=False, force=True)
+    progress.report()
     log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
              num_tokens / 1e6, seconds, num_tokens / max(seconds, 1e-9), target)
     return D.load_cache(target)
