@@ -96,6 +96,7 @@ class Settings:
     command: str
     build_paths: tuple[str, ...] = ()
     build_workers: int = 0
+    build_max_docs: int | None = None
 
 
 SECTIONS = ("pretrain", "equal", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
@@ -866,7 +867,8 @@ def section_build(s: Settings, rep: Report) -> None:
         cpu0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         built = build_or_load_corpus(source, vocab_file=s.data_dir / "vocab" / "bert-base-uncased-vocab.txt",
-                                     cache_dir=cache, max_seq_length=s.seq_len, workers=s.build_workers)
+                                     cache_dir=cache, max_seq_length=s.seq_len, workers=s.build_workers,
+                                     max_docs=s.build_max_docs)
         wall = time.perf_counter() - t0
         cpu1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         # Worker processes are reaped when the build ends, so RUSAGE_CHILDREN holds their CPU time.
@@ -875,7 +877,9 @@ def section_build(s: Settings, rep: Report) -> None:
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     rep.build.append({
-        "corpus": ", ".join(Path(p).name for p in paths), "mb": source.total_bytes / 2**20,
+        "corpus": ", ".join(Path(p).name for p in paths)
+        + (f" (first {s.build_max_docs} documents)" if s.build_max_docs else ""),
+        "mb": source.total_bytes / 2**20 if not s.build_max_docs else float("nan"),
         "workers": meta["build_workers"], "shards": meta["num_shards"], "tokens": meta["num_tokens"],
         "examples": meta["num_examples"], "wall_s": wall, "cpu_s": cpu, "load": load[0],
         "tokens_per_s": meta["num_tokens"] / wall, "tokens_per_cpu_s": meta["num_tokens"] / cpu,
@@ -1194,7 +1198,7 @@ def render(rep: Report) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rep.build:
-            L.append(f"| {r['corpus']} | {r['mb']:.1f} | {r['workers']} | {r['shards']} | {r['tokens']} | "
+            L.append(f"| {r['corpus']} | {_f(r['mb'], 1)} | {r['workers']} | {r['shards']} | {r['tokens']} | "
                      f"{r['examples']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['cpu_s']:.1f} | "
                      f"{r['tokens_per_cpu_s']:.0f} | {r['load']:.2f} |")
         L.append("")
@@ -1238,6 +1242,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
                                                      "section (default: the Wikipedia slice; --quick: the sample)")
     p.add_argument("--build-workers", type=int, default=None, help="tokenizer processes in the corpus-build section "
                                                                    "(default: --threads)")
+    p.add_argument("--build-max-docs", type=int, default=None, help="stop the corpus build after this many documents")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.probe is not None:
@@ -1267,6 +1272,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         cache_dir=a.cache_dir.resolve(), overrides=tuple(a.override), sections=sections, quick=quick,
         compile_models=tuple(x for x in a.compile_models.split(",") if x), accumulate=a.accumulate, command=command,
         build_paths=tuple(x for x in a.build_paths.split(",") if x), build_workers=a.build_workers or a.threads,
+        build_max_docs=a.build_max_docs,
     )
     return s, a.out
 

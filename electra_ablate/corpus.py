@@ -596,7 +596,9 @@ def build_or_load_corpus(
 
     shard_dir = cache_dir / "tokens" / D._hash(token_inputs)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    (shard_dir / "inputs.json").write_text(json.dumps(token_inputs, indent=1, sort_keys=True))
+    record = shard_dir / f".inputs.json.tmp-{os.getpid()}"  # what the shards are of, for whoever finds the folder
+    record.write_text(json.dumps(token_inputs, indent=1, sort_keys=True))
+    os.replace(record, shard_dir / "inputs.json")
     _remove_stale_temporaries(shard_dir)
     tokenizer = D.load_tokenizer(vocab_file, lowercase)
     special = SpecialTokens(*(tokens.index(t) for t in D.SPECIAL_TOKENS))
