@@ -313,3 +313,17 @@ def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):
     assert float(run.data.params["corpus/passes"]) == pytest.approx(2 * 8 * 64 / tokens, abs=1e-4)
     assert run.data.metrics["corpus/passes"] == pytest.approx(2 * 8 * 64 / tokens)
     assert run.info.status == "FINISHED"
+
+
+def test_benchmark_reports_the_corpus_build(reference, tmp_path, data_dir):
+    from electra_ablate import bench
+
+    path, ref = reference
+    out = tmp_path / "bench.md"
+    rep = bench.main(["--quick", "--models", "tiny", "--sections", "build", "--seq-len", "64", "--build-workers", "2",
+                      "--build-paths", str(path), "--data-dir", str(data_dir), "--out", str(out)])
+    (row,) = rep.build
+    assert row["tokens"] == ref.meta["num_tokens"] and row["examples"] == ref.meta["num_examples"]
+    assert row["workers"] == 2 and row["cpu_s"] > 0 and row["tokens_per_s"] > 0
+    text = out.read_text()
+    assert "## Corpus build" in text and f"| head.txt | {path.stat().st_size / 2**20:.1f} | 2 |" in text
