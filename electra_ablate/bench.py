@@ -13,8 +13,9 @@ Also measured in the same run: the fp32 matmul peak at the model's shapes (for t
 step (paper accounting, `electra_ablate.flops`, and the FLOPs actually executed, counted by
 `torch.utils.flop_counter`), peak memory (a fresh process per configuration), an equal-work check (identical
 weights and corrupted batch must give the same losses and gradients), each fast-path piece on/off,
-`torch.compile`, BERT vs ELECTRA step time, fine-tuning examples/s, the data loader alone, and the operations
-in a training step that would make a CUDA device synchronise with the host.
+`torch.compile`, BERT vs ELECTRA step time, fine-tuning examples/s, the data loader alone, the operations
+in a training step that would make a CUDA device synchronise with the host, and a cold corpus build (word
+pieces/s of `data=text_files`, section `build`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +96,9 @@ class Settings:
     accumulate: int
     command: str
     precisions: tuple[str, ...] = (precision_lib.FP32,)
+    build_paths: tuple[str, ...] = ()
+    build_workers: int = 0
+    build_max_docs: int | None = None
 
 
 # The precisions the benchmark knows how to run (as Lightning names them; `autocast` below).
@@ -107,7 +112,7 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
     return PRECISIONS if precision_lib.cpu_has_fast_bf16() else (precision_lib.FP32,)
 
 
-SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync")
+SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
 # Batch sizes and sequence lengths of the shapes section (the tiny model's step at the sizes a CPU run would pick).
 SHAPES = ((32, 64), (128, 64), (32, 128), (128, 128))
 
@@ -562,7 +567,7 @@ def settings_to_dict(s: Settings) -> dict:
 def settings_from_dict(d: dict) -> Settings:
     d = dict(d)
     d["device"], d["data_dir"], d["cache_dir"] = torch.device(d["device"]), Path(d["data_dir"]), Path(d["cache_dir"])
-    for k in ("models", "overrides", "sections", "compile_models"):
+    for k in ("models", "overrides", "sections", "compile_models", "build_paths"):
         d[k] = tuple(d[k])
     d["precisions"] = tuple(d.get("precisions", (precision_lib.FP32,)))
     return Settings(**d)
@@ -587,6 +592,7 @@ class Report:
     data: list[dict] = field(default_factory=list)
     memory: list[dict] = field(default_factory=list)
     syncs: list[dict] = field(default_factory=list)
+    build: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -910,6 +916,42 @@ def section_data(s: Settings, rep: Report, model: str) -> None:
         del it
     rates = [f"{d['workers']} workers {d['tokens_per_s']:.0f} tok/s" for d in rep.data[-2:]]
     log("data loader: " + ", ".join(rates))
+
+
+def section_build(s: Settings, rep: Report) -> None:
+    """A cold corpus build (data=text_files): word pieces per second, wall clock and per CPU-second."""
+    from electra_ablate.corpus import TextFiles, build_or_load_corpus
+
+    if s.build_paths:
+        paths = list(s.build_paths)
+    else:
+        paths = [str(s.data_dir / "corpus" / ("enwiki_sample_5mb.txt" if s.quick else "enwiki_2014_slice.txt.xz"))]
+    source = TextFiles(paths)
+    cache = tempfile.mkdtemp(prefix="bench_build_")  # cold: hashing, tokenizing and example building all timed
+    try:
+        load = os.getloadavg()
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        built = build_or_load_corpus(source, vocab_file=s.data_dir / "vocab" / "bert-base-uncased-vocab.txt",
+                                     cache_dir=cache, max_seq_length=s.seq_len, workers=s.build_workers,
+                                     max_docs=s.build_max_docs)
+        wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        # Worker processes are reaped when the build ends, so RUSAGE_CHILDREN holds their CPU time.
+        cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(cpu0, cpu1))
+        meta = built.meta
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    rep.build.append({
+        "corpus": ", ".join(Path(p).name for p in paths)
+        + (f" (first {s.build_max_docs} documents)" if s.build_max_docs else ""),
+        "mb": source.total_bytes / 2**20 if not s.build_max_docs else float("nan"),
+        "workers": meta["build_workers"], "shards": meta["num_shards"], "tokens": meta["num_tokens"],
+        "examples": meta["num_examples"], "wall_s": wall, "cpu_s": cpu, "load": load[0],
+        "tokens_per_s": meta["num_tokens"] / wall, "tokens_per_cpu_s": meta["num_tokens"] / cpu,
+    })
+    log(f"corpus build: {meta['num_tokens'] / wall:.0f} word pieces/s with {meta['build_workers']} workers "
+        f"({meta['num_tokens'] / cpu:.0f} per CPU-second)")
 
 
 def section_memory(s: Settings, rep: Report, model: str) -> None:
@@ -1263,6 +1305,25 @@ def render(rep: Report) -> str:
             L.append("| | none found | | | | | |")
         n_sync = sum(r["count"] for r in rep.syncs if r["cuda"] == "yes")
         L += ["", f"Synchronising operations per training step on a CUDA device: {n_sync}.", ""]
+    if rep.build:
+        L += [
+            "## Corpus build",
+            "",
+            "A cold build of pre-training examples from text files (`data=text_files`, `electra_ablate.corpus`): "
+            "content hashes, streaming decompression, tokenization in worker processes (`tokenizers`), the "
+            f"reference's example builder (sequence length {s.seq_len}), the cache written. CPU seconds are those "
+            "of the main process and its workers; word pieces per CPU-second x cores is the rate on that many "
+            "otherwise idle cores.",
+            "",
+            "| corpus | MiB on disk | workers | shards | word pieces | examples | wall (s) | word pieces/s | "
+            "CPU (s) | word pieces per CPU-second | load average at start |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rep.build:
+            L.append(f"| {r['corpus']} | {_f(r['mb'], 1)} | {r['workers']} | {r['shards']} | {r['tokens']} | "
+                     f"{r['examples']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['cpu_s']:.1f} | "
+                     f"{r['tokens_per_cpu_s']:.0f} | {r['load']:.2f} |")
+        L.append("")
     if rep.notes:
         L += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
     return "\n".join(L)
@@ -1303,6 +1364,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--override", action="append", default=[], help="a Hydra override for every config (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps everywhere (tests, smoke runs)")
+    p.add_argument("--build-paths", default="", help="comma-separated files, folders or globs for the corpus-build "
+                                                     "section (default: the Wikipedia slice; --quick: the sample)")
+    p.add_argument("--build-workers", type=int, default=None, help="tokenizer processes in the corpus-build section "
+                                                                   "(default: --threads)")
+    p.add_argument("--build-max-docs", type=int, default=None, help="stop the corpus build after this many documents")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.probe is not None:
@@ -1341,6 +1407,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         cache_dir=a.cache_dir.resolve(), overrides=tuple(a.override), sections=sections, quick=quick,
         compile_models=tuple(x for x in a.compile_models.split(",") if x), accumulate=a.accumulate, command=command,
         precisions=precisions,
+        build_paths=tuple(x for x in a.build_paths.split(",") if x), build_workers=a.build_workers or a.threads,
+        build_max_docs=a.build_max_docs,
     )
     return s, a.out
 
@@ -1370,6 +1438,8 @@ def run(s: Settings) -> Report:
     if "memory" in s.sections:
         for model in s.models:
             section_memory(s, rep, model)
+    if "build" in s.sections:
+        section_build(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "

@@ -710,12 +710,7 @@ class PretrainDataModule(pl.LightningDataModule):
     def prepare(self) -> PretrainCache:
         """Build (first time) or load the cache. Idempotent; call it before training to fail early."""
         if self._cache is None:
-            self._cache = build_or_load(
-                corpus=self.corpus, vocab_file=self.vocab_file, cache_dir=self.cache_dir,
-                lowercase=self.lowercase, max_seq_length=self.max_seq_length,
-                short_seq_prob=self.short_seq_prob, build_seed=self.build_seed, max_docs=self.max_docs,
-                train_vocab_size=self.train_vocab_size,
-            )
+            self._cache = self._build_cache()
             if self.num_examples < self.batch_size:
                 raise DataError(
                     f"The corpus {self.corpus} gives {self.num_examples} examples, fewer than "
@@ -723,6 +718,15 @@ class PretrainDataModule(pl.LightningDataModule):
                     "batch size."
                 )
         return self._cache
+
+    def _build_cache(self) -> PretrainCache:
+        """Build or load the token cache of this module's corpus (subclasses in corpus.py read other sources)."""
+        return build_or_load(
+            corpus=self.corpus, vocab_file=self.vocab_file, cache_dir=self.cache_dir,
+            lowercase=self.lowercase, max_seq_length=self.max_seq_length,
+            short_seq_prob=self.short_seq_prob, build_seed=self.build_seed, max_docs=self.max_docs,
+            train_vocab_size=self.train_vocab_size,
+        )
 
     def prepare_data(self) -> None:
         self.prepare()

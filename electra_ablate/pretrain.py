@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate import cli, fast, precision, tracking
 from electra_ablate.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
+from electra_ablate.corpus import corpus_budget, passes_warning
 from electra_ablate.data import PretrainDataModule
 from electra_ablate.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.model import ElectraForPretraining, EncoderConfig, share_weights
@@ -238,17 +239,12 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
 
     on_gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-    dm = PretrainDataModule(
-        corpus=cfg.data.corpus,
-        vocab_file=cfg.data.vocab_file,
+    # conf/data names the corpus's module: one file (data.PretrainDataModule) or many (corpus.py). Called
+    # directly rather than through instantiate() so that a DataError reaches the user unwrapped.
+    data_args = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=True)
+    dm: PretrainDataModule = hydra.utils.get_class(data_args.pop("_target_"))(
+        **data_args,
         cache_dir=cfg.paths.cache_dir,
-        max_seq_length=cfg.data.max_seq_length,
-        short_seq_prob=cfg.data.short_seq_prob,
-        build_seed=cfg.data.build_seed,
-        max_docs=cfg.data.max_docs,
-        train_vocab_size=cfg.data.train_vocab_size,
-        lowercase=cfg.data.lowercase,
-        batch_size=cfg.data.batch_size,
         num_workers=cfg.runtime.num_workers,
         pin_memory=on_gpu if cfg.runtime.pin_memory == "auto" else bool(cfg.runtime.pin_memory),
         seed=cfg.seed,
@@ -332,6 +328,16 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     flops_args = (model.config, gen_cfg, cfg.objective.name, global_batch, cfg.data.max_seq_length)
     system.flops_per_step = pretrain_flops_per_step(*flops_args)
     system.stage_flops = {stage: pretrain_flops_per_step(*flops_args, stage=stage) for stage in STAGES}
+    # How often this run goes over its corpus, against the paper's ~5 passes (ELECTRA-Small, 3.3B tokens).
+    budget = corpus_budget(dm.cache.meta["num_tokens"], dm.num_examples, cfg.trainer.max_steps,
+                           cfg.data.batch_size * trainer.accumulate_grad_batches * trainer.world_size,
+                           cfg.data.max_seq_length)
+    log.info("corpus: %.1fM word pieces in %d examples; the run sees %.2fB tokens: %.1f passes over it",
+             budget["corpus/tokens"] / 1e6, budget["corpus/examples"], budget["corpus/tokens_to_see"] / 1e9,
+             budget["corpus/passes"])
+    warning = passes_warning(budget)
+    if warning:
+        log.warning(warning)
 
     # The identity's run continues: from the last checkpoint when there is one (metrics already logged are
     # not logged again), else from step 0 in place. RUNNING leftovers of dead processes are marked KILLED.
@@ -349,9 +355,11 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
             run_name=cfg.run_name,
             tags=run_tags(cfg, cfg_hash),
             params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
-                    "runtime.resolved_precision": resolve_precision(cfg)},
+                    "runtime.resolved_precision": resolve_precision(cfg),
+                    **{k: str(round(v, 4) if isinstance(v, float) else v) for k, v in budget.items()}},
         )
         run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
+        run.log_metrics(budget, 0)
     tracking.retire_stale(client, runs, keep=run.run_id)
     system.metrics_sink = run.log_metrics
     system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
