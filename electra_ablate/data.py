@@ -418,7 +418,7 @@ def train_vocab(
         tokens = wordpiece.learn_vocab(counts, vocab_size, SPECIAL_TOKENS, limit_alphabet=VOCAB_LIMIT_ALPHABET,
                                        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
     except wordpiece.VocabTooSmall as err:
-        raise DataError(f"data.train_vocab_size={vocab_size} is too small: {err} of {corpus}. Raise "
+        raise DataError(f"data.train_vocab_size={vocab_size} is too small for {corpus}: {err}. Raise "
                         "data.train_vocab_size.") from err
     text = "".join(t + "\n" for t in tokens).encode("utf-8")
     with _AtomicDir(target) as tmp:
