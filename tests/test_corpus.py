@@ -227,7 +227,9 @@ def test_a_killed_build_resumes_without_tokenizing_finished_shards(reference, tm
     monkeypatch.setattr(W, "encode_lines", lambda tok, lines: tokenized.append(1) or real(tok, lines))
     monkeypatch.setattr(C, "_on_shard_done", lambda index: None)
     resumed = build([path], tmp_path, workers=1)
-    assert len(tokenized) == resumed.meta["num_shards"] - len(done) > 0
+    assert len(tokenized) == resumed.meta["num_shards"] - len(done)
+    if workers == 1:  # in order, so shards after the kill are left to do; parallel workers may finish them all
+        assert len(tokenized) > 0
     assert_same_examples(ref, resumed)
 
 
@@ -304,7 +306,7 @@ def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):
     with pytest.raises(DataError, match="data.train_vocab_size=2000.*set data.train_vocab_size=0"):
         pretrain.train(pretrain_cfg(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]"))
     cfg = pretrain_cfg(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]", "data.train_vocab_size=0",
-                       "data.max_seq_length=64", "data.batch_size=8", "trainer.max_steps=2",
+                       "data.max_seq_length=64", "data.batch_size=8", "trainer.max_steps=2", "optim.warmup_steps=1",
                        "logger.log_every_n_steps=1", "trainer.export_fractions=[]")
     run_id = pretrain.train(cfg)
     run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)

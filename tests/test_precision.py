@@ -80,14 +80,14 @@ def test_training_device_is_cpu_without_a_gpu(monkeypatch):
 
 def test_pretraining_records_the_resolved_precision_and_keeps_it_out_of_identity(tmp_path, pretrain_cfg, cpu_with):
     cpu_with(ZEN4)
-    auto = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "runtime.precision=auto")
+    auto = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "optim.warmup_steps=1", "runtime.precision=auto")
     run_id = pretrain.train(auto)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     params = client.get_run(run_id).data.params
     assert params["runtime.resolved_precision"] == "bf16-mixed" and params["runtime.precision"] == "auto"
 
-    fp32 = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "runtime.precision=32-true")
-    bf16 = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "runtime.precision=bf16-mixed")
+    fp32 = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "optim.warmup_steps=1", "runtime.precision=32-true")
+    bf16 = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "optim.warmup_steps=1", "runtime.precision=bf16-mixed")
     assert tracking.config_hash(fp32) == tracking.config_hash(bf16) == tracking.config_hash(auto)
     assert client.get_run(run_id).data.tags[tracking.TAG_CONFIG_HASH] == tracking.config_hash(fp32)
     assert pretrain.train(fp32) == run_id  # the same run: found finished, not trained again in fp32
