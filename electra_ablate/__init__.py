@@ -1,6 +1,7 @@
 """electra-ablate: re-run the ELECTRA paper's ablations (Clark et al., 2020) with Lightning, Hydra and MLflow."""
 
 import os
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
@@ -8,3 +9,8 @@ from omegaconf import OmegaConf
 # `hydra.sweep.dir` (which points into paths.output_root) before Hydra's own config exists.
 if not OmegaConf.has_resolver("cwd"):
     OmegaConf.register_new_resolver("cwd", os.getcwd)
+
+# `${electra_ablate_root:}`: the checkout holding this package and conf/ (paths.root_dir's default), so the
+# outputs, the MLflow store and the caches do not depend on the directory a command is started from.
+if not OmegaConf.has_resolver("electra_ablate_root"):
+    OmegaConf.register_new_resolver("electra_ablate_root", lambda: str(Path(__file__).resolve().parent.parent))

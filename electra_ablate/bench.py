@@ -1,6 +1,6 @@
 """Pre-training speed: this harness against a Hugging Face transformers script, and the fast path piece by piece.
 
-`python -m electra_ablate.bench` writes reports/benchmarks.md (issue 5). The reference is what a researcher
+`python -m electra_ablate.bench` writes reports/benchmarks.md. The reference is what a researcher
 would write around transformers: `ElectraForPreTraining` + `ElectraForMaskedLM` with tied embeddings, SDPA
 attention, dropout 0.1, MLM logits at every position (as `ElectraForMaskedLM` computes them), Gumbel-max
 sampling over all positions (the reference implementation's `sample_from_softmax`), AdamW with the same
@@ -13,8 +13,9 @@ Also measured in the same run: the fp32 matmul peak at the model's shapes (for t
 step (paper accounting, `electra_ablate.flops`, and the FLOPs actually executed, counted by
 `torch.utils.flop_counter`), peak memory (a fresh process per configuration), an equal-work check (identical
 weights and corrupted batch must give the same losses and gradients), each fast-path piece on/off,
-`torch.compile`, BERT vs ELECTRA step time, fine-tuning examples/s, the data loader alone, and the operations
-in a training step that would make a CUDA device synchronise with the host.
+`torch.compile`, BERT vs ELECTRA step time, fine-tuning examples/s, the data loader alone, the operations
+in a training step that would make a CUDA device synchronise with the host, and a cold corpus build (word
+pieces/s of `data=text_files`, section `build`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,7 +66,7 @@ DEFAULT_OUT = REPO / "reports" / "benchmarks.md"
 NO_GPU_NOTE = "no GPU was available in this session"
 PROBE_TAG = "BENCH_MEMORY_PROBE "
 
-# Issue 5 targets: speed-up over the transformers reference (tokens/s) and share of the measured matmul peak.
+# The speed targets: speed-up over the transformers reference (tokens/s) and share of the measured matmul peak.
 TARGETS = {"tiny": (3.0, None), "small": (2.0, 0.5)}
 
 
@@ -93,9 +95,26 @@ class Settings:
     compile_models: tuple[str, ...]
     accumulate: int
     command: str
+    precisions: tuple[str, ...] = (precision_lib.FP32,)
+    build_paths: tuple[str, ...] = ()
+    build_workers: int = 0
+    build_max_docs: int | None = None
 
 
-SECTIONS = ("pretrain", "equal", "pieces", "compile", "bert", "finetune", "data", "memory", "sync")
+# The precisions the benchmark knows how to run (as Lightning names them; `autocast` below).
+PRECISIONS = (precision_lib.FP32, precision_lib.BF16)
+
+
+def default_precisions(device_type: str) -> tuple[str, ...]:
+    """bf16-mixed on CUDA; fp32 and bf16-mixed on a CPU with native bf16 (to show both); else fp32 only."""
+    if device_type == "cuda":
+        return (precision_lib.BF16,)
+    return PRECISIONS if precision_lib.cpu_has_fast_bf16() else (precision_lib.FP32,)
+
+
+SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
+# Batch sizes and sequence lengths of the shapes section (the tiny model's step at the sizes a CPU run would pick).
+SHAPES = ((32, 64), (128, 64), (32, 128), (128, 128))
 
 
 def default_data_dir() -> Path:
@@ -362,12 +381,14 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, reps: int) -> dict[tuple[int, int, int], float]:
-    """Best fp32 matmul FLOP/s over `reps` runs for each (m, k, n): the machine's practical peak at these shapes."""
+def matmul_peak(shapes: list[tuple[int, int, int]], device: torch.device, reps: int,
+                dtype: torch.dtype = torch.float32) -> dict[tuple[int, int, int], float]:
+    """Best matmul FLOP/s in `dtype` over `reps` runs for each (m, k, n): the machine's practical peak at these
+    shapes (bf16 for bf16-mixed rows: autocast runs the step's matmuls in bf16)."""
     out = {}
     for m, k, n in shapes:
-        a = torch.randn(m, k, device=device)
-        b = torch.randn(k, n, device=device)
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
         torch.mm(a, b)
         best = math.inf
         for _ in range(reps):
@@ -516,12 +537,13 @@ def memory_probe(spec: dict) -> dict:
         runner.step([data.batches[(i * k + j) % len(data.batches)] for j in range(k)])
         sync(device)
         times.append(time.perf_counter() - t0)
+    resolved = precision_lib.resolve(cfg.runtime.precision, device.type)
     if device.type == "cuda":
         return {"peak_mib": torch.cuda.max_memory_allocated(device) / 2**20, "kind": "max_memory_allocated",
-                "step_s": times[-1]}
+                "step_s": times[-1], "precision": resolved}
     peak_kib = _status_kib("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"peak_mib": (peak_kib - (before_kib or 0)) / 1024, "kind": "RSS high-water above pre-build RSS",
-            "step_s": times[-1]}
+            "step_s": times[-1], "precision": resolved}
 
 
 def run_probe(s: Settings, spec: dict) -> dict:
@@ -545,8 +567,9 @@ def settings_to_dict(s: Settings) -> dict:
 def settings_from_dict(d: dict) -> Settings:
     d = dict(d)
     d["device"], d["data_dir"], d["cache_dir"] = torch.device(d["device"]), Path(d["data_dir"]), Path(d["cache_dir"])
-    for k in ("models", "overrides", "sections", "compile_models"):
+    for k in ("models", "overrides", "sections", "compile_models", "build_paths"):
         d[k] = tuple(d[k])
+    d["precisions"] = tuple(d.get("precisions", (precision_lib.FP32,)))
     return Settings(**d)
 
 
@@ -564,9 +587,12 @@ class Report:
     compiled: list[dict] = field(default_factory=list)
     bert: list[dict] = field(default_factory=list)
     finetune: list[dict] = field(default_factory=list)
+    shapes: list[dict] = field(default_factory=list)
+    finetune_padding: list[dict] = field(default_factory=list)
     data: list[dict] = field(default_factory=list)
     memory: list[dict] = field(default_factory=list)
     syncs: list[dict] = field(default_factory=list)
+    build: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -574,35 +600,65 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def section_shapes(s: Settings, rep: Report, model: str) -> None:
+    """Our step's tokens/s by batch size and sequence length, each precision interleaved on the same batches."""
+    for batch_size, seq_len in SHAPES:
+        shaped = replace(s, seq_len=seq_len)
+        runners, data = {}, None
+        for p in s.precisions:
+            cfg = compose_config(shaped, model, f"runtime.precision={p}", batch_size=batch_size)
+            data = data or load_data(cfg, s.device, 2)
+            runners[p] = OursRunner(cfg, data, s.device, FastPath.from_runtime(cfg, s.device))
+        b = data.batches
+        timed, _ = interleaved({p: (lambda r: lambda i: r.step([b[i]]))(r) for p, r in runners.items()},
+                               len(b), 1, s.piece_reps, s.device)
+        mean_tokens = statistics.mean(tokens(x) for x in b)
+        for p in runners:
+            rep.shapes.append({"model": model, "batch_size": batch_size, "seq_len": seq_len, "precision": p,
+                               "step_s": median(timed[p]), "tokens_per_s": mean_tokens / median(timed[p])})
+        log(f"shapes {model} {batch_size}x{seq_len}: " + ", ".join(f"{p} {median(v):.3f}s" for p, v in timed.items()))
+        del runners
+
+
 def section_pretrain(s: Settings, rep: Report, model: str) -> None:
-    """Ours vs transformers on the same batches: step time, tokens/s, FLOPs, share of peak; plus the peak."""
-    cfg = compose_config(s, model)
-    data = load_data(cfg, s.device, max(2, min(4, s.warmup + s.reps)))
-    fp = FastPath.from_runtime(cfg, s.device)
-    ours = OursRunner(cfg, data, s.device, fp)
-    ref = TransformersRunner(cfg, data, s.device, fp.fused_adam)
-    n_tok = tokens(data.batches[0])
-    peaks = matmul_peak(model_shapes(cfg, n_tok, data.dm.vocab_size), s.device, reps=10 if not s.quick else 2)
-    rep.peaks[model] = {"shapes": peaks, "peak": max(peaks.values())}
+    """Ours vs transformers at each precision, all interleaved on the same batches: step time, tokens/s, FLOPs,
+    share of the matmul peak measured at the same precision."""
+    runners: dict[tuple[str, str], OursRunner | TransformersRunner] = {}
+    data = cfg = None
+    for p in s.precisions:
+        cfg = compose_config(s, model, f"runtime.precision={p}")
+        data = data or load_data(cfg, s.device, max(2, min(4, s.warmup + s.reps)))
+        fp = FastPath.from_runtime(cfg, s.device)
+        runners[("ours", p)] = OursRunner(cfg, data, s.device, fp)
+        runners[("transformers", p)] = TransformersRunner(cfg, data, s.device, fp.fused_adam)
     b = data.batches
-    timed, _ = interleaved(
-        {"ours": lambda i: ours.step([b[i]]), "transformers": lambda i: ref.step([b[i]])},
-        len(b), s.warmup, s.reps, s.device,
-    )
-    flops_paper = paper_flops(ours, cfg, b[0]["input_ids"].shape[0], b[0]["input_ids"].shape[1])
-    executed = {"ours": executed_flops(lambda: ours.step([b[0]])), "transformers": executed_flops(lambda: ref.step([b[0]]))}
+    n_tok = tokens(b[0])
+    rep.peaks[model] = {}
+    for p in s.precisions:
+        dtype = torch.bfloat16 if p == precision_lib.BF16 else torch.float32
+        peaks = matmul_peak(model_shapes(cfg, n_tok, data.dm.vocab_size), s.device, reps=10 if not s.quick else 2,
+                            dtype=dtype)
+        rep.peaks[model][p] = {"shapes": peaks, "peak": max(peaks.values())}
+    timed, _ = interleaved({f"{impl}|{p}": (lambda r: lambda i: r.step([b[i]]))(r) for (impl, p), r in runners.items()},
+                           len(b), s.warmup, s.reps, s.device)
+    first = s.precisions[0]
+    ours0 = runners[("ours", first)]
+    flops_paper = paper_flops(ours0, cfg, b[0]["input_ids"].shape[0], b[0]["input_ids"].shape[1])
+    # Executed FLOPs do not depend on the precision: counted once per implementation.
+    executed = {impl: executed_flops(lambda r=runners[(impl, first)]: r.step([b[0]])) for impl in ("ours", "transformers")}
     mean_tokens = statistics.mean(tokens(x) for x in b)
-    for impl, runner in (("ours", ours), ("transformers", ref)):
-        step_s = median(timed[impl])
+    for (impl, p), runner in runners.items():
+        steps = timed[f"{impl}|{p}"]
+        step_s = median(steps)
+        peak = rep.peaks[model][p]["peak"]
         rep.pretrain.append({
-            "model": model, "impl": runner.label, "key": impl, "batch": f"{cfg.data.batch_size} x {s.seq_len}",
-            "step_s": step_s, "steps": timed[impl], "tokens_per_s": mean_tokens / step_s,
-            "flops_paper": flops_paper, "flops_executed": executed[impl],
-            "achieved_paper": flops_paper / step_s, "share_paper": flops_paper / step_s / rep.peaks[model]["peak"],
-            "achieved_executed": executed[impl] / step_s,
-            "share_executed": executed[impl] / step_s / rep.peaks[model]["peak"],
+            "model": model, "impl": runner.label, "key": impl, "precision": p,
+            "batch": f"{cfg.data.batch_size} x {s.seq_len}", "step_s": step_s, "steps": steps,
+            "tokens_per_s": mean_tokens / step_s, "flops_paper": flops_paper, "flops_executed": executed[impl],
+            "achieved_paper": flops_paper / step_s, "share_paper": flops_paper / step_s / peak,
+            "achieved_executed": executed[impl] / step_s, "share_executed": executed[impl] / step_s / peak,
         })
-    log(f"pretrain {model}: ours {median(timed['ours']):.3f}s, transformers {median(timed['transformers']):.3f}s")
+    log(f"pretrain {model}: " + ", ".join(f"{k} {median(v):.3f}s" for k, v in timed.items()))
 
 
 def section_equal(s: Settings, rep: Report, model: str) -> None:
@@ -768,16 +824,31 @@ def section_bert(s: Settings, rep: Report, model: str) -> None:
 
 
 def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst2") -> None:
-    """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs."""
+    """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs,
+    at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
     from electra_ablate import glue
     from electra_ablate.data import load_tokenizer
-    from electra_ablate.finetune_system import FinetuneSystem, OptimSettings, collate, layerwise_param_groups
+    from electra_ablate.finetune_system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
+                                                layerwise_param_groups)
 
     cfg = compose_config(s, model)
     task = glue.get_task(task_name)
     batch_size = 32 if s.device.type == "cpu" else 128
     n_batches = 2 if s.quick else 4
     examples = glue.read_tsv(task, s.data_dir / "glue", "train")
+    if model == s.models[0]:  # padding of one epoch of the training split (no timing): once per run
+        subset = examples[: 2000] if s.quick else examples
+        lengths = glue.featurize(subset, load_tokenizer(cfg.data.vocab_file, True), 128, task.is_regression).lengths
+        shuffled = np.random.default_rng(0).permutation(len(lengths))
+        for label, batches_of in (
+            ("shuffled, padded to the batch's longest (default)",
+             [shuffled[i : i + batch_size] for i in range(0, len(shuffled), batch_size)]),
+            ("length buckets (`glue_data.length_buckets=true`)",
+             list(LengthBucketBatchSampler(lengths, batch_size, seed=0))),
+        ):
+            padded = sum(len(ix) * int(lengths[ix].max()) for ix in batches_of)
+            rep.finetune_padding.append({"task": task_name.upper(), "batching": label, "examples": len(lengths),
+                                         "real_tokens": int(lengths.sum()), "padded_tokens": padded})
     order = np.random.default_rng(0).permutation(len(examples))[: batch_size * n_batches]
     features = glue.featurize([examples[i] for i in order], load_tokenizer(cfg.data.vocab_file, True), 128,
                               task.is_regression)
@@ -791,8 +862,9 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
     disc_cfg, _ = encoder_configs(cfg, load_data(cfg, s.device, 1))
     optim = OptimSettings(lr=1e-4, layerwise_lr_decay=0.8, reference_off_by_one=True, betas=(0.9, 0.999), eps=1e-6,
                           weight_decay=0.01, warmup_fraction=0.1)
-    steps = {}
-    for label, on in (("fast dropout", True), ("torch dropout", False)):
+    steps, meta = {}, {}
+    for p, (label, on) in ((p, v) for p in s.precisions for v in (("fast dropout", True), ("torch dropout", False))):
+        pcfg = compose_config(s, model, f"runtime.precision={p}")
         system = FinetuneSystem(ElectraModel(disc_cfg), task, optim, {}).to(s.device)
         fast.set_fast_dropout(system, on)
         system.train()
@@ -800,22 +872,23 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
                                         optim.layerwise_lr_decay, disc_cfg.num_hidden_layers, True, optim.weight_decay)
         opt = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
-        def step(i, system=system, opt=opt):
+        def step(i, system=system, opt=opt, pcfg=pcfg):
             bt = batches[i]
-            with autocast(cfg, s.device):
+            with autocast(pcfg, s.device):
                 loss = system.loss(system(bt["input_ids"], bt["attention_mask"], bt["token_type_ids"]), bt["labels"])
             loss.backward()
             torch.nn.utils.clip_grad_norm_(system.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        steps[label] = step
+        steps[f"{p}|{label}"] = step
+        meta[f"{p}|{label}"] = (p, label)
     timed, _ = interleaved(steps, len(batches), 1, s.piece_reps, s.device)
     mean_len = statistics.mean(bt["input_ids"].shape[1] for bt in batches)
-    for label in steps:
-        rep.finetune.append({"model": model, "task": task_name.upper(), "variant": label, "batch": batch_size,
-                             "padded_len": mean_len, "step_s": median(timed[label]),
-                             "examples_per_s": batch_size / median(timed[label])})
+    for key, (p, label) in meta.items():
+        rep.finetune.append({"model": model, "task": task_name.upper(), "precision": p, "variant": label,
+                             "batch": batch_size, "padded_len": mean_len, "step_s": median(timed[key]),
+                             "examples_per_s": batch_size / median(timed[key])})
     log(f"finetune {model}: " + ", ".join(f"{k} {batch_size / median(v):.1f} ex/s" for k, v in timed.items()))
 
 
@@ -843,6 +916,42 @@ def section_data(s: Settings, rep: Report, model: str) -> None:
         del it
     rates = [f"{d['workers']} workers {d['tokens_per_s']:.0f} tok/s" for d in rep.data[-2:]]
     log("data loader: " + ", ".join(rates))
+
+
+def section_build(s: Settings, rep: Report) -> None:
+    """A cold corpus build (data=text_files): word pieces per second, wall clock and per CPU-second."""
+    from electra_ablate.corpus import TextFiles, build_or_load_corpus
+
+    if s.build_paths:
+        paths = list(s.build_paths)
+    else:
+        paths = [str(s.data_dir / "corpus" / ("enwiki_sample_5mb.txt" if s.quick else "enwiki_2014_slice.txt.xz"))]
+    source = TextFiles(paths)
+    cache = tempfile.mkdtemp(prefix="bench_build_")  # cold: hashing, tokenizing and example building all timed
+    try:
+        load = os.getloadavg()
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        built = build_or_load_corpus(source, vocab_file=s.data_dir / "vocab" / "bert-base-uncased-vocab.txt",
+                                     cache_dir=cache, max_seq_length=s.seq_len, workers=s.build_workers,
+                                     max_docs=s.build_max_docs)
+        wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        # Worker processes are reaped when the build ends, so RUSAGE_CHILDREN holds their CPU time.
+        cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(cpu0, cpu1))
+        meta = built.meta
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    rep.build.append({
+        "corpus": ", ".join(Path(p).name for p in paths)
+        + (f" (first {s.build_max_docs} documents)" if s.build_max_docs else ""),
+        "mb": source.total_bytes / 2**20 if not s.build_max_docs else float("nan"),
+        "workers": meta["build_workers"], "shards": meta["num_shards"], "tokens": meta["num_tokens"],
+        "examples": meta["num_examples"], "wall_s": wall, "cpu_s": cpu, "load": load[0],
+        "tokens_per_s": meta["num_tokens"] / wall, "tokens_per_cpu_s": meta["num_tokens"] / cpu,
+    })
+    log(f"corpus build: {meta['num_tokens'] / wall:.0f} word pieces/s with {meta['build_workers']} workers "
+        f"({meta['num_tokens'] / cpu:.0f} per CPU-second)")
 
 
 def section_memory(s: Settings, rep: Report, model: str) -> None:
@@ -881,16 +990,8 @@ def machine_info(s: Settings) -> dict:
     import pytorch_lightning
     import transformers
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-        isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags)
-    except OSError:
-        isa = ""
+    flags = precision_lib.cpu_flags()
+    isa = ", ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
     gpu = torch.cuda.get_device_name(s.device) if s.device.type == "cuda" else None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
@@ -900,7 +1001,8 @@ def machine_info(s: Settings) -> dict:
         commit, dirty = "?", False
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu, "isa": isa, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
+        "cpu": precision_lib.cpu_name(), "cpu_bf16": precision_lib.describe_cpu(), "isa": isa,
+        "cores": os.cpu_count(), "threads": torch.get_num_threads(), "gpu": gpu,
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "lightning": pytorch_lightning.__version__, "os": platform.platform(),
         "commit": commit + (" (with uncommitted changes)" if dirty else ""),
@@ -925,13 +1027,16 @@ def render(rep: Report) -> str:
     L = [
         "# Benchmarks: pre-training speed against a transformers baseline",
         "",
-        "Generated by `python -m electra_ablate.bench`; do not edit by hand (issue 5). Re-run the command below to "
+        "Generated by `python -m electra_ablate.bench`; do not edit by hand. Re-run the command below to "
         "refresh it.",
         "",
         f"- Command: `{s.command}`",
         f"- Date: {m['date']}; git commit {m['commit']}",
         f"- Hardware: {m['cpu']} ({m['cores']} cores; {m['isa']}); torch threads: {m['threads']}; "
         f"GPU: {m['gpu'] or 'none (' + NO_GPU_NOTE + ')'}",
+        f"- CPU bf16 support: {m['cpu_bf16']}; `runtime.precision=auto` resolves to "
+        f"{precision_lib.resolve('auto', s.device.type)} here (`electra_ablate/precision.py`); precisions timed: "
+        f"{', '.join(s.precisions)}",
         f"- Software: Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"pytorch-lightning {m['lightning']}; {m['os']}",
         f"- Load average (1/5/15 min) at start: {', '.join(f'{x:.2f}' for x in m['load_start'])}; at end: "
@@ -939,58 +1044,81 @@ def render(rep: Report) -> str:
         "ratio is robust to load)",
         f"- Timing: {s.warmup} warm-up steps, then {s.reps} timed steps per implementation, interleaved A B A B on "
         f"the same real batches of the Wikipedia sample (`data=wiki_sample`, sequence length {s.seq_len}); medians. "
-        f"Piece-by-piece, compile, BERT and fine-tuning rows: 1 warm-up and {s.piece_reps} timed steps each.",
+        f"Piece-by-piece, compile, BERT and fine-tuning rows: 1 warm-up and {s.piece_reps} timed steps each; the "
+        f"piece-by-piece, compile, BERT, memory and sync sections run at the runtime default precision "
+        f"(`auto`: {precision_lib.resolve('auto', s.device.type)} here).",
         "",
     ]
     if rep.pretrain:
         L += [
             f"## Pre-training step ({dev}): this harness vs transformers",
             "",
-            "Objective `electra`, `sharing=embeddings`, generator 1/4 of the discriminator (paper Table 6), fp32 on "
-            "CPU (bf16-mixed on GPU). Ours: the runtime defaults (MLM logits only at masked positions, inverse-CDF "
+            "Objective `electra`, `sharing=embeddings`, generator 1/4 of the discriminator (paper Table 6), at each "
+            "precision of `--precisions` (`runtime.precision`; bf16-mixed = Lightning's bf16 autocast, fp32 "
+            "weights and optimizer). Ours: the runtime defaults (MLM logits only at masked positions, inverse-CDF "
             "sampling, fast dropout masks on CPU, SDPA). transformers: `ElectraForPreTraining` + "
             "`ElectraForMaskedLM`, SDPA, dropout 0.1, logits and Gumbel noise at all positions. Same optimizer "
-            "(AdamW, same parameter groups and fused setting, clipping 1.0). FLOPs/step (paper) is "
+            "(AdamW, same parameter groups and fused setting, clipping 1.0). All rows of a config are interleaved "
+            "step by step on the same batches; speed-up = the transformers step at the same precision / this row's "
+            "step. FLOPs/step (paper) is "
             "`electra_ablate.flops.pretrain_flops_per_step` (paper accounting: backward = forward, embeddings as "
             "one-hot matmuls); executed FLOPs are counted by `torch.utils.flop_counter` over one step of that "
             "implementation (matmuls and attention, backward included). Share of peak = achieved FLOP/s divided "
-            "by the best fp32 matmul rate measured at the model's shapes in this run. Peak memory: a fresh process "
-            "per configuration (see the memory section).",
+            "by the best matmul rate measured at the model's shapes in this run, in the row's precision (fp32 "
+            "matmuls for 32-true, bf16 for bf16-mixed). Peak memory: a fresh process per configuration, at the "
+            "runtime default precision (see the memory section).",
             "",
-            "| config | implementation | batch | step (s) | tokens/s | speed-up | FLOPs/step (paper) | achieved (paper) "
-            "| share of peak (paper) | FLOPs/step (executed) | achieved (executed) | share of peak (executed) | "
-            "matmul peak | peak memory (MiB) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| config | implementation | precision | batch | step (s) | tokens/s | speed-up | FLOPs/step (paper) "
+            "| achieved (paper) | share of peak (paper) | FLOPs/step (executed) | achieved (executed) "
+            "| share of peak (executed) | matmul peak | peak memory (MiB) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        by = {(r["model"], r["key"]): r for r in rep.pretrain}
-        mem = {(r["model"], r["impl"]): r["peak_mib"] for r in rep.memory if r["accumulate"] == 1
-               and r["batch_size"] == s.batch_size}
+        by = {(r["model"], r["key"], r["precision"]): r for r in rep.pretrain}
+        mem = {(r["model"], r["impl"], r.get("precision")): r["peak_mib"] for r in rep.memory
+               if r["accumulate"] == 1 and r["batch_size"] == s.batch_size}
         for r in rep.pretrain:
-            ref = by[(r["model"], "transformers")]
+            ref = by[(r["model"], "transformers", r["precision"])]
             speedup = ref["step_s"] / r["step_s"]
             L.append(
-                f"| {r['model']} | {r['impl']} | {r['batch']} | {_f(r['step_s'])} | {r['tokens_per_s']:.0f} | "
-                f"{speedup:.2f}x | {_si(r['flops_paper'])} | {_si(r['achieved_paper'], 'FLOP/s')} | "
-                f"{100 * r['share_paper']:.0f}% | {_si(r['flops_executed'])} | {_si(r['achieved_executed'], 'FLOP/s')} | "
-                f"{100 * r['share_executed']:.0f}% | {_si(rep.peaks[r['model']]['peak'], 'FLOP/s')} | "
-                f"{_f(mem.get((r['model'], r['key'])), 0)} |"
+                f"| {r['model']} | {r['impl']} | {r['precision']} | {r['batch']} | {_f(r['step_s'])} | "
+                f"{r['tokens_per_s']:.0f} | {speedup:.2f}x | {_si(r['flops_paper'])} | "
+                f"{_si(r['achieved_paper'], 'FLOP/s')} | {100 * r['share_paper']:.0f}% | {_si(r['flops_executed'])} | "
+                f"{_si(r['achieved_executed'], 'FLOP/s')} | {100 * r['share_executed']:.0f}% | "
+                f"{_si(rep.peaks[r['model']][r['precision']]['peak'], 'FLOP/s')} | "
+                f"{_f(mem.get((r['model'], r['key'], r['precision'])), 0)} |"
             )
         L += ["", "Per-step times (s), in order: " + "; ".join(
-            f"{r['model']} {r['key']}: {', '.join(f'{x:.3f}' for x in r['steps'])}" for r in rep.pretrain), ""]
-        L += ["**Targets (issue 5, CPU):**", ""]
+            f"{r['model']} {r['key']} {r['precision']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
+            for r in rep.pretrain), ""]
+        if len(s.precisions) > 1:
+            L += [
+                "**bf16-mixed against fp32** (same run, same batches, interleaved):",
+                "",
+                "| config | implementation | " + " | ".join(f"{p} step (s)" for p in s.precisions)
+                + " | " + " | ".join(f"{p} / {s.precisions[0]} speed" for p in s.precisions[1:]) + " |",
+                "|---|---|" + "---|" * (2 * len(s.precisions) - 1),
+            ]
+            for model in dict.fromkeys(r["model"] for r in rep.pretrain):
+                for key in ("ours", "transformers"):
+                    rows = [by[(model, key, p)] for p in s.precisions]
+                    L.append(f"| {model} | {rows[0]['impl']} | " + " | ".join(_f(r["step_s"]) for r in rows) + " | "
+                             + " | ".join(f"{rows[0]['step_s'] / r['step_s']:.2f}x" for r in rows[1:]) + " |")
+            L.append("")
+        L += ["**Targets (CPU):**", ""]
         for model, (target, share) in TARGETS.items():
-            if (model, "ours") not in by or dev != "CPU":
-                continue
-            ours, ref = by[(model, "ours")], by[(model, "transformers")]
-            speedup = ref["step_s"] / ours["step_s"]
-            ok = speedup >= target and (share is None or ours["share_paper"] >= share)
-            cond = f">= {target:.1f}x" + (f" at >= {100 * share:.0f}% of the matmul peak" if share else "")
-            got = f"{speedup:.2f}x" + (f" at {100 * ours['share_paper']:.0f}% (paper FLOPs; "
-                                       f"{100 * ours['share_executed']:.0f}% by executed FLOPs)" if share else "")
-            L.append(f"- {model}: target {cond}: measured {got}: **{'met' if ok else 'MISSED'}**")
-        L += ["", "Matmul peak (best of the runs, fp32 GFLOP/s) by shape (m x k x n): " + "; ".join(
-            f"{model}: " + ", ".join(f"{a}x{b}x{c} {v / 1e9:.0f}" for (a, b, c), v in p["shapes"].items())
-            for model, p in rep.peaks.items()), ""]
+            for p in s.precisions:
+                if (model, "ours", p) not in by or dev != "CPU":
+                    continue
+                ours, ref = by[(model, "ours", p)], by[(model, "transformers", p)]
+                speedup = ref["step_s"] / ours["step_s"]
+                ok = speedup >= target and (share is None or ours["share_paper"] >= share)
+                cond = f">= {target:.1f}x" + (f" at >= {100 * share:.0f}% of the matmul peak" if share else "")
+                got = f"{speedup:.2f}x" + (f" at {100 * ours['share_paper']:.0f}% (paper FLOPs; "
+                                           f"{100 * ours['share_executed']:.0f}% by executed FLOPs)" if share else "")
+                L.append(f"- {model}, {p}: target {cond}: measured {got}: **{'met' if ok else 'MISSED'}**")
+        L += ["", "Matmul peak (best of the runs, GFLOP/s) by shape (m x k x n): " + "; ".join(
+            f"{model} {p}: " + ", ".join(f"{a}x{b}x{c} {v / 1e9:.0f}" for (a, b, c), v in pk["shapes"].items())
+            for model, by_p in rep.peaks.items() for p, pk in by_p.items()), ""]
     L += [
         "## GPU",
         "",
@@ -998,10 +1126,10 @@ def render(rep: Report) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     if dev == "GPU":
-        by = {(r["model"], r["key"]): r for r in rep.pretrain}
+        by = {(r["model"], r["key"], r["precision"]): r for r in rep.pretrain}
         for r in rep.pretrain:
-            ref = by[(r["model"], "transformers")]
-            L.append(f"| {r['model']} | {r['impl']} | {r['batch']} | bf16-mixed | {_f(r['step_s'])} | "
+            ref = by[(r["model"], "transformers", r["precision"])]
+            L.append(f"| {r['model']} | {r['impl']} | {r['batch']} | {r['precision']} | {_f(r['step_s'])} | "
                      f"{r['tokens_per_s']:.0f} | {ref['step_s'] / r['step_s']:.2f}x | |")
     else:
         L += ["| small | this harness | 128 x 128 | bf16-mixed | | | | |",
@@ -1030,6 +1158,23 @@ def render(rep: Report) -> str:
                         if i == 0 else "| | |")
                 L.append(f"| {r['model'] if i == 0 else ''} | {r['masked'] if i == 0 else ''} | "
                          f"{r['replaced'] if i == 0 else ''} | {k} | {a:.6f} | {b:.6f} | {r['rel'][k]:.1e} | {tail}")
+        L.append("")
+    if rep.shapes:
+        L += [
+            "## Our step by batch size and sequence length",
+            "",
+            "The same step as the main comparison (runtime defaults) at other shapes; the precisions of a shape are "
+            "interleaved on the same batches, the shapes run one after another. tokens/s counts padded tokens.",
+            "",
+            "| config | batch | sequence | precision | step (s) | tokens/s | vs the shape's first precision |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        first = {}
+        for r in rep.shapes:
+            k = (r["model"], r["batch_size"], r["seq_len"])
+            first.setdefault(k, r["step_s"])
+            L.append(f"| {r['model']} | {r['batch_size']} | {r['seq_len']} | {r['precision']} | {_f(r['step_s'])} | "
+                     f"{r['tokens_per_s']:.0f} | {first[k] / r['step_s']:.2f}x |")
         L.append("")
     if rep.pieces:
         L += [
@@ -1080,17 +1225,37 @@ def render(rep: Report) -> str:
             "## Fine-tuning throughput",
             "",
             "`FinetuneSystem` (encoder + [CLS] classifier) forward, loss, backward, clipping and AdamW with "
-            "layer-wise learning rates, on shuffled real training batches padded to their longest sequence.",
+            "layer-wise learning rates, on shuffled real training batches padded to their longest sequence; every "
+            "row of a config interleaved on the same batches. Dropout masks: torch's own (what fine-tuning uses) "
+            "or the fast masks and attention that pre-training installs with `runtime.fast_dropout=true`; "
+            "/ fastest = this row's step over the config's fastest row.",
             "",
-            "| config | task | dropout masks | batch | mean padded length | step (s) | examples/s |",
-            "|---|---|---|---|---|---|---|",
+            "| config | task | precision | dropout masks | batch | mean padded length | step (s) | examples/s "
+            "| / fastest |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        best = {}
         for r in rep.finetune:
-            L.append(f"| {r['model']} | {r['task']} | {r['variant']} | {r['batch']} | {r['padded_len']:.0f} | "
-                     f"{_f(r['step_s'])} | {r['examples_per_s']:.1f} |")
+            best[r["model"]] = min(best.get(r["model"], math.inf), r["step_s"])
+        for r in rep.finetune:
+            L.append(f"| {r['model']} | {r['task']} | {r.get('precision', '')} | {r['variant']} | {r['batch']} | "
+                     f"{r['padded_len']:.0f} | {_f(r['step_s'])} | {r['examples_per_s']:.1f} | "
+                     f"{r['step_s'] / best[r['model']]:.2f}x |")
+        if rep.finetune_padding:
+            L += ["", "Padding over one epoch of the training split (counted, not timed); the step's cost grows with "
+                  "the padded tokens. Length buckets change which examples share a batch, so they are an option "
+                  "(`glue_data.length_buckets`, part of the run identity), not a default.", "",
+                  "| task | batching | examples | real tokens | padded tokens | padded / real |",
+                  "|---|---|---|---|---|---|"]
+            for r in rep.finetune_padding:
+                L.append(f"| {r['task']} | {r['batching']} | {r['examples']} | {r['real_tokens']} | "
+                         f"{r['padded_tokens']} | {r['padded_tokens'] / r['real_tokens']:.2f}x |")
         L.append("")
     if rep.data:
-        need = {r["model"]: r["tokens_per_s"] for r in rep.pretrain if r["key"] == "ours"}
+        need: dict[str, float] = {}  # the fastest of our training steps (any precision): what the loader must feed
+        for r in rep.pretrain:
+            if r["key"] == "ours":
+                need[r["model"]] = max(need.get(r["model"], 0.0), r["tokens_per_s"])
         L += [
             "## Data loader alone",
             "",
@@ -1140,6 +1305,25 @@ def render(rep: Report) -> str:
             L.append("| | none found | | | | | |")
         n_sync = sum(r["count"] for r in rep.syncs if r["cuda"] == "yes")
         L += ["", f"Synchronising operations per training step on a CUDA device: {n_sync}.", ""]
+    if rep.build:
+        L += [
+            "## Corpus build",
+            "",
+            "A cold build of pre-training examples from text files (`data=text_files`, `electra_ablate.corpus`): "
+            "content hashes, streaming decompression, tokenization in worker processes (`tokenizers`), the "
+            f"reference's example builder (sequence length {s.seq_len}), the cache written. CPU seconds are those "
+            "of the main process and its workers; word pieces per CPU-second x cores is the rate on that many "
+            "otherwise idle cores.",
+            "",
+            "| corpus | MiB on disk | workers | shards | word pieces | examples | wall (s) | word pieces/s | "
+            "CPU (s) | word pieces per CPU-second | load average at start |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rep.build:
+            L.append(f"| {r['corpus']} | {_f(r['mb'], 1)} | {r['workers']} | {r['shards']} | {r['tokens']} | "
+                     f"{r['examples']} | {r['wall_s']:.1f} | {r['tokens_per_s']:.0f} | {r['cpu_s']:.1f} | "
+                     f"{r['tokens_per_cpu_s']:.0f} | {r['load']:.2f} |")
+        L.append("")
     if rep.notes:
         L += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
     return "\n".join(L)
@@ -1159,7 +1343,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p = argparse.ArgumentParser(prog="python -m electra_ablate.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="tiny,small", help="conf/model options, comma-separated (default tiny,small)")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
-    p.add_argument("--batch-size", type=int, default=None, help="default 32 on CPU, 128 on GPU (issue 5)")
+    p.add_argument("--batch-size", type=int, default=None, help="default 32 on CPU, 128 on GPU")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--reps", type=int, default=5, help="timed steps per implementation in the main comparison")
@@ -1168,6 +1352,10 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--accumulate", type=int, default=4,
                    help="gradient-accumulation probe: micro-batches of --batch-size per step (default 4: 32 x 4 = "
                         "the paper's ELECTRA-Small batch of 128)")
+    p.add_argument("--precisions", default=None,
+                   help="runtime.precision values to time side by side in the pre-training and fine-tuning sections "
+                        "(default: 32-true,bf16-mixed on a CPU with avx512_bf16 or AMX, 32-true on other CPUs, "
+                        "bf16-mixed on CUDA)")
     p.add_argument("--compile-models", default="tiny", help="configs for the torch.compile section (slow to compile)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--data-dir", type=Path, default=None, help="the shared data folder (default: $ELECTRA_ABLATE_DATA "
@@ -1176,6 +1364,11 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--override", action="append", default=[], help="a Hydra override for every config (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps everywhere (tests, smoke runs)")
+    p.add_argument("--build-paths", default="", help="comma-separated files, folders or globs for the corpus-build "
+                                                     "section (default: the Wikipedia slice; --quick: the sample)")
+    p.add_argument("--build-workers", type=int, default=None, help="tokenizer processes in the corpus-build section "
+                                                                   "(default: --threads)")
+    p.add_argument("--build-max-docs", type=int, default=None, help="stop the corpus build after this many documents")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.probe is not None:
@@ -1196,6 +1389,15 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         if not (CONF_DIR / "model" / f"{m}.yaml").is_file():
             valid = ", ".join(sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))
             raise BenchError(f"unknown --models entry {m!r}; valid: {valid}")
+    if a.precisions is None:
+        precisions = default_precisions(device.type)
+    else:
+        requested = [x for x in a.precisions.split(",") if x]
+        bad = sorted(set(requested) - set(PRECISIONS))
+        precisions = tuple(p for p in PRECISIONS if p in requested)  # fp32 first: the base of the ratios
+        if bad or not precisions:
+            raise BenchError(f"--precisions {a.precisions!r}: {bad or 'empty'} not benchmarked; give a comma-separated "
+                             f"subset of {','.join(PRECISIONS)}")
     quick = a.quick
     command = "python -m electra_ablate.bench " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     s = Settings(
@@ -1204,6 +1406,9 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         piece_reps=2 if quick else a.piece_reps, threads=a.threads, data_dir=data_dir,
         cache_dir=a.cache_dir.resolve(), overrides=tuple(a.override), sections=sections, quick=quick,
         compile_models=tuple(x for x in a.compile_models.split(",") if x), accumulate=a.accumulate, command=command,
+        precisions=precisions,
+        build_paths=tuple(x for x in a.build_paths.split(",") if x), build_workers=a.build_workers or a.threads,
+        build_max_docs=a.build_max_docs,
     )
     return s, a.out
 
@@ -1219,16 +1424,22 @@ def run(s: Settings) -> Report:
         if "pretrain" in s.sections:
             section_pretrain(s, rep, model)
     last = s.models[-1]
-    for name, fn in (("pieces", section_pieces), ("bert", section_bert), ("finetune", section_finetune),
-                     ("data", section_data), ("sync", section_sync)):
+    if "shapes" in s.sections:
+        section_shapes(s, rep, s.models[0])
+    for name, fn in (("pieces", section_pieces), ("bert", section_bert), ("data", section_data), ("sync", section_sync)):
         if name in s.sections:
             fn(s, rep, last)
+    if "finetune" in s.sections:
+        for model in s.models:
+            section_finetune(s, rep, model)
     if "compile" in s.sections:
         for model in s.compile_models:
             section_compile(s, rep, model)
     if "memory" in s.sections:
         for model in s.models:
             section_memory(s, rep, model)
+    if "build" in s.sections:
+        section_build(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "

@@ -17,6 +17,7 @@ import hashlib
 import itertools
 import json
 import lzma
+import multiprocessing
 import random
 import shutil
 import tempfile
@@ -160,6 +161,18 @@ def _corpus_fix() -> str:
     )
 
 
+def worker_context(num_workers: int):
+    """The multiprocessing context for DataLoader workers: the platform's default start method (fork on Linux).
+
+    Inside a joblib worker (Hydra's joblib launcher) the process-wide default is loky's own start method,
+    with which DataLoader workers fail to start (torch: "Got pickle error when attempting to start a worker
+    Process"); naming the platform's method explicitly makes `runtime.num_workers` work under every launcher.
+    """
+    if num_workers == 0:
+        return None
+    return multiprocessing.get_context(multiprocessing.get_all_start_methods()[0])
+
+
 def check_corpus(corpus: str | Path) -> Path:
     """The corpus path, if it is a readable non-empty file; DataError otherwise (before any compute)."""
     path = Path(corpus)
@@ -178,15 +191,28 @@ def check_corpus(corpus: str | Path) -> Path:
 def iter_corpus_lines(corpus: str | Path, max_docs: int | None = None) -> Iterator[str]:
     """Stripped lines of the corpus, "" marking a document boundary, stopping after `max_docs` documents.
 
-    `.xz` files are decompressed as a stream. Runs of blank lines yield a single "".
+    `.xz` files are decompressed as a stream. Runs of blank lines yield a single "". Lines are read as bytes
+    and decoded one by one, so a file that turns binary or is cut off part-way is reported at its line and
+    byte offset in the file the user gave (decompressed, for .xz), not inside an internal read buffer.
     """
     path = Path(corpus)
     docs, in_doc = 0, False
+    line_no, offset = 0, 0
     try:
-        with _open_corpus(path) as f:
-            for raw in f:
+        with lzma.open(path, "rb") if path.name.endswith(".xz") else open(path, "rb") as f:
+            for data in f:
+                line_no += 1
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise DataError(
+                        f"Corpus {path}: line {line_no} (byte {offset + err.start}"
+                        f"{' of the decompressed text' if path.name.endswith('.xz') else ''}) is not UTF-8 text "
+                        f"({err.reason}); the file is binary or corrupt from there on. {_corpus_fix()}"
+                    ) from None
+                offset += len(data)
                 # Reference ExampleBuilder.add_line: line.strip().replace("\n", " ").
-                line = raw.strip()
+                line = text.strip()
                 if line:
                     in_doc = True
                     yield line
@@ -196,8 +222,11 @@ def iter_corpus_lines(corpus: str | Path, max_docs: int | None = None) -> Iterat
                     yield ""
                     if max_docs is not None and docs >= max_docs:
                         return
-    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as err:
-        raise DataError(f"Corpus {path} cannot be read ({err}). {_corpus_fix()}") from err
+    except (OSError, EOFError, lzma.LZMAError) as err:
+        raise DataError(
+            f"Corpus {path} cannot be read after line {line_no} (byte {offset}): {err}; the file is truncated or "
+            f"corrupt. {_corpus_fix()}"
+        ) from err
     if in_doc:
         yield ""
 
@@ -389,7 +418,7 @@ def train_vocab(
         tokens = wordpiece.learn_vocab(counts, vocab_size, SPECIAL_TOKENS, limit_alphabet=VOCAB_LIMIT_ALPHABET,
                                        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
     except wordpiece.VocabTooSmall as err:
-        raise DataError(f"data.train_vocab_size={vocab_size} is too small: {err} of {corpus}. Raise "
+        raise DataError(f"data.train_vocab_size={vocab_size} is too small for {corpus}: {err}. Raise "
                         "data.train_vocab_size.") from err
     text = "".join(t + "\n" for t in tokens).encode("utf-8")
     with _AtomicDir(target) as tmp:
@@ -681,12 +710,7 @@ class PretrainDataModule(pl.LightningDataModule):
     def prepare(self) -> PretrainCache:
         """Build (first time) or load the cache. Idempotent; call it before training to fail early."""
         if self._cache is None:
-            self._cache = build_or_load(
-                corpus=self.corpus, vocab_file=self.vocab_file, cache_dir=self.cache_dir,
-                lowercase=self.lowercase, max_seq_length=self.max_seq_length,
-                short_seq_prob=self.short_seq_prob, build_seed=self.build_seed, max_docs=self.max_docs,
-                train_vocab_size=self.train_vocab_size,
-            )
+            self._cache = self._build_cache()
             if self.num_examples < self.batch_size:
                 raise DataError(
                     f"The corpus {self.corpus} gives {self.num_examples} examples, fewer than "
@@ -694,6 +718,15 @@ class PretrainDataModule(pl.LightningDataModule):
                     "batch size."
                 )
         return self._cache
+
+    def _build_cache(self) -> PretrainCache:
+        """Build or load the token cache of this module's corpus (subclasses in corpus.py read other sources)."""
+        return build_or_load(
+            corpus=self.corpus, vocab_file=self.vocab_file, cache_dir=self.cache_dir,
+            lowercase=self.lowercase, max_seq_length=self.max_seq_length,
+            short_seq_prob=self.short_seq_prob, build_seed=self.build_seed, max_docs=self.max_docs,
+            train_vocab_size=self.train_vocab_size,
+        )
 
     def prepare_data(self) -> None:
         self.prepare()
@@ -774,7 +807,8 @@ class PretrainDataModule(pl.LightningDataModule):
                                   self._start, rank, world_size)
         # batch_size=None: the dataset yields whole batches; the sampler-free stream has no length, so
         # Lightning runs one endless epoch and stops at max_steps.
-        return DataLoader(batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory)
+        return DataLoader(batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          multiprocessing_context=worker_context(self.num_workers))
 
     def _identity(self) -> dict:
         _, world_size = self._rank_world()

@@ -5,7 +5,8 @@
 
 A run id is resolved through MLflow: the run's `checkpoint_path` tag (its final checkpoint) or, with
 `--step`, the directory its `checkpoints` tag lists for that step. The store is `--tracking-uri`, else
-`MLFLOW_TRACKING_URI`, else `sqlite:///outputs/mlflow.db`. What gets written is decided in
+`MLFLOW_TRACKING_URI`, else the configs' default store (`$ELECTRA_ABLATE_HOME/mlflow.db`, else
+`<checkout>/outputs/mlflow.db`). What gets written is decided in
 `electra_ablate.hf.export_pretrained`: `discriminator/` or `mlm/` (plus `copy_gate/` for All-Tokens MLM)
 and `generator/`, each loadable with `from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`.
 """
@@ -14,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from pathlib import Path
 
 from electra_ablate.hf import HFInteropError, export_pretrained
-from electra_ablate.tracking import TAG_CHECKPOINT, TAG_KIND, TAG_PRETRAIN_RUN
-
-DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
+from electra_ablate import store
+from electra_ablate.tracking import TAG_CHECKPOINT, TAG_KIND, TAG_PRETRAIN_RUN, default_tracking_uri
 TAG_CHECKPOINTS = "checkpoints"  # JSON {step: dir}, written by pre-training
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -29,13 +28,12 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 def checkpoint_of_run(run_id: str, tracking_uri: str | None = None, step: int | None = None) -> Path:
     """The pre-trained directory an MLflow pre-training run recorded (final, or the one at `step`)."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    uri = tracking_uri or default_tracking_uri()
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).expanduser().is_file():
         raise HFInteropError(f"no MLflow store at {uri}; pass --tracking-uri or set MLFLOW_TRACKING_URI")
     try:
-        tags = MlflowClient(uri).get_run(run_id).data.tags
+        tags = store.open_client(uri).get_run(run_id).data.tags  # a half-migrated store is refused
     except MlflowException as e:
         raise HFInteropError(f"MLflow run {run_id} not found in {uri}; check the id or --tracking-uri") from e
     if tags.get(TAG_KIND) == "finetune":
@@ -82,7 +80,8 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     parser.add_argument("source", help="MLflow pre-training run id, or a pre-trained directory (<run>/pretrained/...)")
     parser.add_argument("out", type=Path, help="output directory (one sub-directory per exported network)")
     parser.add_argument(
-        "--tracking-uri", help=f"MLflow store (default: $MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI})"
+        "--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else $ELECTRA_ABLATE_HOME/mlflow.db, "
+        "else <checkout>/outputs/mlflow.db)"
     )
     parser.add_argument("--step", type=int, help="export the run's checkpoint at this step instead of the final one")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")

@@ -4,7 +4,7 @@ attention that uses them, installed on a network by `apply_runtime`. Nothing her
 Why: torch's CPU dropout draws one random number per element through `bernoulli_`, on one thread whatever
 `torch.set_num_threads` says (~170M numbers/s on the 2-core development machine when idle, far less under
 load), then divides and multiplies in two more passes; in the transformers reference step its masks take
-21-31% of the time (issue 5, torch.profiler). `FastDropout` fills 64 random bits per call of torch's
+21-31% of the time (torch.profiler). `FastDropout` fills 64 random bits per call of torch's
 full-range `random_()` (~1.2G 16-bit lanes/s on the same machine) and cuts them into four 16-bit lanes;
 an element is dropped when its lane is below a threshold. Same semantics as `torch.nn.Dropout`: every element is zeroed independently with probability p
 and the survivors are scaled by 1 / (1 - p). The rate is exact to 1/65536: the mask drops with probability

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -29,12 +30,13 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import glue, submit, tracking
+from electra_ablate import cli, glue, submit, tracking
 from electra_ablate import precision as precision_lib
 from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
 from electra_ablate.data import load_tokenizer, read_vocab
 from electra_ablate.finetune_system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig
+from electra_ablate.store import IdentityLock
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +205,56 @@ def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
     )
 
 
+# --- settings checked before anything runs ---------------------------------------------------------------
+
+
+def _positive(value, key: str, fix: str, integer: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if ok and integer and int(value) != value:
+        ok = False
+    if not ok:
+        kind = "a positive integer" if integer else "a positive number"
+        raise FinetuneError(f"{key}={value!r} must be {kind}; {fix}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject fine-tuning settings that cannot work, naming the key and the fix, before any data is read or any
+    MLflow run exists (a run of 0 epochs would otherwise be recorded FINISHED, untrained)."""
+    members = cfg.task.members.items() if "members" in cfg.task else [(cfg.task.name, cfg.task)]
+    for name, task_cfg in members:
+        key = f"task.members.{name}.epochs" if "members" in cfg.task else "task.epochs"
+        _positive(task_cfg.epochs, key, f"the paper fine-tunes {name} for 3 epochs (10 for rte and stsb)", integer=True)
+    d = cfg.glue_data
+    _positive(d.batch_size, "glue_data.batch_size", "the paper uses 32", integer=True)
+    _positive(d.eval_batch_size, "glue_data.eval_batch_size", "e.g. 128", integer=True)
+    _positive(d.max_seq_length, "glue_data.max_seq_length", "the paper uses 128", integer=True)
+    for key in ("max_train_examples", "max_eval_examples"):
+        if d[key] is not None:
+            _positive(d[key], f"glue_data.{key}", "or null for every row", integer=True)
+    o = cfg.finetune_optim
+    if o.lr is not None:
+        _positive(o.lr, "finetune_optim.lr", "or null for the paper's lr by model size")
+    for size, lr in o.lr_by_size.items():
+        _positive(lr, f"finetune_optim.lr_by_size.{size}", "the paper: small 3e-4, base 1e-4, large 5e-5")
+    decays = [("finetune_optim.layerwise_lr_decay", o.layerwise_lr_decay)] if o.layerwise_lr_decay is not None else []
+    decays += [(f"finetune_optim.layerwise_lr_decay_by_size.{k}", v) for k, v in o.layerwise_lr_decay_by_size.items()]
+    for key, value in decays:
+        if not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise FinetuneError(f"{key}={value!r} must be in (0, 1] (1 = no decay); the paper uses 0.8 (0.9 for large)")
+    if not (isinstance(o.warmup_fraction, (int, float)) and 0 <= o.warmup_fraction < 1):
+        raise FinetuneError(f"finetune_optim.warmup_fraction={o.warmup_fraction!r} must be in [0, 1): the fraction of "
+                            "the steps spent warming up (the paper: 0.1)")
+    if not (isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0 and math.isfinite(o.max_grad_norm)):
+        raise FinetuneError(f"finetune_optim.max_grad_norm={o.max_grad_norm!r} must be a positive number (the paper: 1.0)")
+    for key in ("hidden", "attention", "classifier"):
+        value = cfg.dropout[key]
+        if not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise FinetuneError(f"dropout.{key}={value!r} must be in [0, 1) (the paper: 0.1)")
+    steps = cfg.trainer.max_steps
+    if not (isinstance(steps, int) and (steps == -1 or steps > 0)):
+        raise FinetuneError(f"trainer.max_steps={steps!r} must be -1 (train for task.epochs) or a positive step count")
+
+
 # --- tasks and data --------------------------------------------------------------------------------------
 
 
@@ -327,8 +379,21 @@ def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, glue.
 
 def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash,
                test: dict[str, list[glue.Example]] | None = None) -> float:
-    """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the
-    run ends FAILED on any exception."""
+    """`_train_task` holding this identity's lock: a second identical process stops with a clear message."""
+    lock = Path(cfg.paths.output_root) / "finetune" / cfg.logger.experiment / cfg_hash / "run.lock"
+    with IdentityLock(lock, f"fine-tuning {task.name} seed={cfg.seed} of {pretrained.spec} (config {cfg_hash})"):
+        return _train_task(cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test)
+
+
+def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash,
+                test: dict[str, list[glue.Example]] | None = None) -> float:
+    """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the run
+    ends FAILED (KILLED for a signal) on any exception."""
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    done = next((r for r in runs if r.info.status == "FINISHED"), None)
+    if done is not None:  # finished by another process while this one waited to start
+        tracking.retire_stale(client, runs, keep=done.info.run_id)
+        return done.data.metrics["final/score"]
     d = cfg.glue_data
     vocab_digest = glue.file_digest(pretrained.vocab_file)
     features = {
@@ -360,8 +425,15 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
                    "runtime.resolved_precision": precision(cfg),
                    tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity
     run_name = f"{task.name}-s{cfg.seed}"
-    run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
-                                   parent_run_id=None if cfg.random_init else pretrained.run_id)
+    if runs:
+        # One run per identity: an interrupted one starts again from step 0 in place (fine-tuning saves no
+        # checkpoint: a run is minutes long); steps it had already logged are not logged twice.
+        run = tracking.RunLogger.adopt(client, runs[0], "restarted from step 0 in place (fine-tuning keeps no checkpoint)",
+                                      {k: v for k, v in tags.items() if k != tracking.TAG_CONFIG_HASH})
+    else:
+        run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
+                                       parent_run_id=None if cfg.random_init else pretrained.run_id)
+    tracking.retire_stale(client, runs, keep=run.run_id)
     try:
         pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
         torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
@@ -371,6 +443,7 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
         system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
                                 float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
         system.metrics_sink = run.log_metrics
+        system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
         datamodule = GlueDataModule(
             features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
             length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
@@ -394,6 +467,9 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
         trainer.fit(system, datamodule)
         if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
             raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+        if system.global_step == 0:  # never a FINISHED run that did not train
+            raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
+                                f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
         if system.evaluated_at_step != system.global_step:  # trainer.max_steps stopped it mid-epoch
             trainer.validate(system, datamodule=datamodule, verbose=False)
         final = system.history[-1]  # the paper reports the last epoch
@@ -419,8 +495,8 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
             out = out.with_name("test_predictions.tsv")
             run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
         run.finish("FINISHED")
-    except BaseException:
-        run.finish("FAILED")
+    except BaseException as error:
+        run.finish(*tracking.end_status(error))
         raise
     log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
              final[key], score, len(system.history), run.run_id)
@@ -433,6 +509,7 @@ def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cli
 def run(cfg: DictConfig) -> float:
     """Fine-tune every selected task; returns its final score (x100), or the GLUE score for task=glue
     (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
+    validate(cfg)
     tasks = selected_tasks(cfg)
     client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     spec = normalise_spec(cfg.pretrained)
@@ -482,5 +559,11 @@ def main(cfg: DictConfig) -> float:
     return run(cfg)
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("finetune")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

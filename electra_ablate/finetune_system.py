@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from electra_ablate.data import worker_context
 from electra_ablate.glue import Features, TaskSpec, compute_metrics
 from electra_ablate.model import ElectraModel
 from electra_ablate.optim import linear_warmup_decay, no_decay
@@ -129,6 +130,8 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
         # Where metrics go: (metrics, step) -> None, set by the entry point (MLflow). Train metrics use the
         # optimizer step, dev metrics the epoch (1-based).
         self.metrics_sink: Callable[[dict[str, float], int], None] | None = None
+        # Called after each epoch's dev metrics: sends what is buffered to the store (RunLogger.flush).
+        self.metrics_flush: Callable[[], None] | None = None
         self.history: list[dict[str, float]] = []  # dev metrics after each epoch
         self.evaluated_at_step = -1  # optimizer step of the last dev evaluation
         self.predictions: dict[str, np.ndarray] = {}  # last epoch's dev predictions, in dataset order
@@ -198,6 +201,8 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
         self.evaluated_at_step = self.global_step
         if self.metrics_sink is not None:
             self.metrics_sink({f"dev/{k}": v for k, v in metrics.items()}, len(self.history))
+        if self.metrics_flush is not None:
+            self.metrics_flush()
 
     def configure_optimizers(self):
         o = self.optim
@@ -313,6 +318,7 @@ class GlueDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
+            multiprocessing_context=worker_context(self.num_workers),  # joblib launcher: data.worker_context
             **kwargs,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -192,8 +193,16 @@ def read_tsv(task: TaskSpec, glue_dir: str | Path, split: str) -> list[Example]:
     path = split_path(task, glue_dir, split)
     if not path.is_file():
         raise GlueDataError(f"{path} not found: task {task.name} needs {', '.join(s + '.tsv' for s in task.splits)}")
-    with path.open(encoding=task.encoding, newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    raw = path.read_bytes()
+    try:
+        text = raw.decode(task.encoding)
+    except UnicodeDecodeError as err:  # named at its line and byte in the user's file, not in a read buffer
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise GlueDataError(
+            f"{path} line {line} (byte {err.start}) is not {task.encoding} text "
+            f"({err.reason}): the file is binary or corrupt; download the task again with the official GLUE script"
+        ) from None
+    rows = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
     if task.header:
         if not rows:
             raise GlueDataError(f"{path} is empty; expected a header with columns {_needed(task)}")

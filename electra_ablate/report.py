@@ -28,7 +28,7 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from electra_ablate import expected_max, glue, tracking, verdicts
+from electra_ablate import arms, cli, expected_max, glue, tracking, verdicts
 from electra_ablate.sweep import (
     random_init_checkpoints,
     Checkpoint,
@@ -306,6 +306,8 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                f"sweep={spec.name}{'' if spec.scale is None else f' scale={spec.scale}'}` on "
                f"{time.strftime('%Y-%m-%d %H:%M %Z')}; do not edit by hand.")
     out.append("")
+    if spec.notes:
+        out += [spec.notes, ""]
     sections = {spec.paper} if spec.paper else set()
     sections |= {v.expected_row.partition(".")[0] for v in spec.variants if v.expected_row}
     for s in sorted(x for x in sections if x in paper):
@@ -314,9 +316,9 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
             out.append(f"- Paper: {claim}")
         out.append("")
 
-    warning = vocabulary_warning(vocabularies(data))
-    if warning:
-        out += [warning, ""]
+    for warning in (vocabulary_warning(vocabularies(data)), arms.shape_warning(spec, data.pretrain)):
+        if warning:
+            out += [warning, ""]
 
     tasks = summary.tasks
     out += ["## GLUE dev, median over fine-tuning seeds", ""]
@@ -622,14 +624,20 @@ def vocabularies(data: SweepData) -> dict[str, set[str]]:
     pre-training runs and the fine-tuning runs counted (the latter also cover imported `pretrained` arms)."""
     out: dict[str, set[str]] = {v.label: set() for v in data.ctx.spec.variants}
     column = f"params.{tracking.PARAM_VOCAB_SHA256}"
+    by_pretrain_run: dict[str, str] = {}
     for s in data.pretrain:
         if s.run is not None:
-            out.setdefault(s.job.variant, set()).add(s.run.data.params.get(tracking.PARAM_VOCAB_SHA256, UNRECORDED))
+            # Runs from before the digest was recorded: the vocab.txt saved with the network.
+            digest = arms.run_vocab_sha256(s.run) or UNRECORDED
+            by_pretrain_run[s.run.info.run_id] = digest
+            out.setdefault(s.job.variant, set()).add(digest)
     if len(data.scores) and len(data.frame):
         digests = data.frame.set_index("run_id")[column] if column in data.frame else pd.Series(dtype=str)
-        for variant, run_id in zip(data.scores["variant"], data.scores["run_id"]):
+        for variant, run_id, pre in zip(data.scores["variant"], data.scores["run_id"], data.scores["pretrain_run"]):
             digest = digests.get(run_id)
-            out.setdefault(variant, set()).add(digest if isinstance(digest, str) else UNRECORDED)
+            if not isinstance(digest, str):
+                digest = by_pretrain_run.get(pre, UNRECORDED)  # its tokenizer is its checkpoint's
+            out.setdefault(variant, set()).add(digest)
     return out
 
 
@@ -759,8 +767,11 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
     results = verdicts.verdicts(ctx.spec, final, client, load_paper_results())
-    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time),
-                  verdicts.render(results))
+    closing = verdicts.render(results)
+    if results:
+        closing += ["In words, with the scale each verdict was reached at:", "",
+                    *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]
+    text = render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time), closing)
     md_tmp = report_dir / f".{name}.md.{os.getpid()}.tmp"
     md_tmp.write_text(text)
     # Swap the figure folder in, then the markdown that points at it.
@@ -783,5 +794,11 @@ def main(cfg: DictConfig) -> str:
     return str(path)
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -50,7 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import pretrain, tracking
+from electra_ablate import cli, pretrain, tracking
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ SCALES = ("tiny", "small", "base", "large")
 TOP_KEYS = {
     "name": "the sweep's name (= its MLflow experiment); default: the file name",
     "description": "one line for the report's title",
+    "notes": "a paragraph the report opens with: what the sweep can and cannot show",
     "script": "the first entry point (electra_ablate.pretrain, or electra_ablate.finetune when every variant names `pretrained`)",
     "paper": "section of electra_ablate/paper_results.yaml whose rows are this sweep's variant labels",
     "baseline": "variant the bootstrap differences are taken against",
@@ -118,6 +119,7 @@ class SweepSpec:
     pretrain_seeds: tuple[int, ...]
     checkpoints: tuple[float, ...]
     variants: tuple[Variant, ...]
+    notes: str = ""
 
     @property
     def scale_name(self) -> str:
@@ -221,6 +223,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         path=path,
         scale=scale if scales else None,
         description=str(raw.get("description") or name_),
+        notes=" ".join(str(raw.get("notes") or "").split()),
         paper=raw.get("paper"),
         baseline=baseline,
         figures=figures,
@@ -568,6 +571,11 @@ class PretrainState(NamedTuple):
     run: Any  # the newest FINISHED mlflow Run, or None
     failed: Any  # the newest unfinished (FAILED / RUNNING / KILLED) run when none finished, or None
     max_steps: int
+    outputs_missing: bool = False  # FINISHED, but its pre-trained directories are gone: pre-training runs again
+
+    @property
+    def needs_pretraining(self) -> bool:
+        return self.run is None or self.outputs_missing
 
 
 def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
@@ -581,9 +589,12 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
             order_by=["attributes.start_time DESC"])
+        # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
+        # Its fine-tuning results stay valid and reported meanwhile.
         finished = next((r for r in runs if r.info.status == "FINISHED"), None)
         failed = None if finished is not None or not runs else runs[0]
-        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps)))
+        missing = finished is not None and bool(pretrain.missing_outputs(finished))
+        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing))
     return out
 
 
@@ -868,7 +879,7 @@ class SweepResult:
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
     states = pretrain_states(ctx, client)
-    todo = [s.job for s in states if s.run is None]
+    todo = [s.job for s in states if s.needs_pretraining]
     result = PhaseResult("pretrain", jobs=len(todo))
     if not todo:
         log.info("pre-training: all %d jobs already FINISHED", len(states))
@@ -896,6 +907,10 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
     notes: list[str] = []
     for state in pretrain_states(ctx, client):
         if state.run is None:
+            continue
+        if state.outputs_missing:  # its weights are gone (and pre-training them again failed): nothing to load
+            notes.append(f"{state.job.variant} seed {state.job.seed}: FINISHED run {state.run.info.run_id} has lost "
+                         "its pre-trained directories; its missing fine-tuning jobs wait for pre-training to redo them")
             continue
         found, missing = checkpoints_of(state, ctx.spec.checkpoints)
         checkpoints += found
@@ -1035,5 +1050,11 @@ def main(cfg: DictConfig) -> str | None:
     return str(result.report) if result.report else None
 
 
-if __name__ == "__main__":
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -10,6 +10,7 @@ Lightning's manual optimisation.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 
@@ -82,6 +83,13 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         self.fused_adam = fused_adam
         # Where finished log windows go: (metrics, step) -> None. Set by the entry point (MLflow).
         self.metrics_sink: Callable[[dict[str, float], int], None] | None = None
+        # Called after every checkpoint's metrics are closed: sends them to the store, so a resumed run has
+        # every window up to its checkpoint (RunLogger.flush).
+        self.metrics_flush: Callable[[], None] | None = None
+        # (step, loss) of the latest windows and steps, for the message of a diverged run.
+        self.recent_losses: collections.deque[tuple[int, float]] = collections.deque(maxlen=8)
+        # Set by the entry point: the checkpoint a diverged run can be inspected or resumed from.
+        self.last_good_checkpoint: Callable[[], str | None] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
         self.auroc = BinaryAUROC(thresholds=200)  # binned: fixed memory, updated on device
         self._sums: dict[str, torch.Tensor] = {}
@@ -123,19 +131,32 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
 
     # --- metrics ----------------------------------------------------------------------------------------
     def accumulate(self, out: ObjectiveOutput, batch: dict[str, torch.Tensor]) -> None:
-        if self.device.type == "cpu" and not torch.isfinite(out.loss):  # free on CPU; GPU checks per window
-            self.fail_non_finite(float(out.loss))
+        if self.device.type == "cpu":  # free on CPU (no device sync); GPUs check once per window
+            value = float(out.loss)
+            if not np.isfinite(value):
+                self.fail_non_finite(value, self.global_step + 1)  # the step being taken, 1-based as logged
+            self.recent_losses.append((self.global_step + 1, value))
         for k, v in out.sums.items():
             self._sums[k] = self._sums[k] + v if k in self._sums else v
         if out.disc_probs is not None and out.disc_probs.numel():
             self.auroc.update(out.disc_probs, out.disc_labels.long())
         self._tokens += batch["input_ids"].numel()
 
-    def fail_non_finite(self, value: float) -> None:
+    def fail_non_finite(self, value: float, step: int | None = None) -> None:
+        # Reference users hit NaN at Base size too (google-research/electra issues 36 and 70); the usual
+        # causes, most likely first, each with the setting that changes it.
+        recent = ", ".join(f"step {s}: {v:.4g}" for s, v in self.recent_losses) or "none logged yet"
+        weights = {k: getattr(self.objective, k) for k in ("gen_weight", "disc_weight") if hasattr(self.objective, k)}
+        precision = getattr(getattr(self, "_trainer", None), "precision", "?")
+        ckpt = self.last_good_checkpoint() if self.last_good_checkpoint is not None else None
         raise TrainingError(
-            f"the {self.objective.name} loss is {value} at step {self.global_step}: training diverged. "
-            f"Lower optim.lr (now {self.lr}) or optim.max_grad_norm, or train in fp32 (runtime.precision=32-true); "
-            "the last checkpoint before this step is kept for inspection."
+            f"the {self.objective.name} loss is {value} at step {self.global_step if step is None else step}: training diverged. Recent "
+            f"train/loss values: {recent}. Likely causes: the learning rate (optim.lr={self.lr}, warmup "
+            f"optim.warmup_steps={self.warmup_steps}; lower it, or clip harder with optim.max_grad_norm="
+            f"{self.max_grad_norm}); a loss weight"
+            + (f" ({', '.join(f'objective.{k}={v}' for k, v in weights.items())})" if weights else " (objective.*_weight)")
+            + f"; precision ({precision}; runtime.precision=32-true rules it out). "
+            + (f"The last good checkpoint is kept: {ckpt}." if ckpt else "No checkpoint was saved before this step.")
         )
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
@@ -154,6 +175,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         metrics = {f"train/{k}": v for k, v in zip(names, values)}
         if not np.isfinite(metrics.get("train/loss", 0.0)):
             self.fail_non_finite(metrics["train/loss"])
+        if "train/loss" in metrics and self.device.type != "cpu":
+            self.recent_losses.append((step, metrics["train/loss"]))
         if self.auroc.update_count:
             metrics["train/disc_auc"] = float(self.auroc.compute())
             self.auroc.reset()
@@ -176,6 +199,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         # Checkpoint callbacks run before this module's on_train_batch_end: close a finished window first so
         # the saved sums hold only what has not been logged.
         self.maybe_log_window()
+        if self.metrics_flush is not None:
+            self.metrics_flush()
         # Masking, sampling and dropout draw from torch's generators only (the data order has its own seeded
         # permutation), so those are the states to carry; tensors keep the checkpoint loadable weights-only.
         checkpoint["rng"] = {

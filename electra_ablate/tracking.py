@@ -8,6 +8,7 @@ recomputed), and how metrics are written (buffered and sent with `log_batch`: on
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,8 @@ import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
+
+from electra_ablate import store
 
 # Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
 # "impl" group): they are left out of the run identity.
@@ -47,7 +50,6 @@ TAG_RANDOM_INIT = "random_init"  # "true" on fine-tuning runs from random weight
 # Data provenance params (sha256 hex digests), logged beside the config but never part of its hash.
 PARAM_VOCAB_SHA256 = "data.vocab_sha256"  # the vocab.txt that made the token ids (pre-training and fine-tuning)
 PARAM_EXAMPLES_SHA256 = "data.examples_sha256"  # the packed pre-training examples
-
 # The experiment kind MLflow 3.x records for classic model training (its UI's
 # ExperimentKind.CUSTOM_MODEL_DEVELOPMENT): set on every experiment the harness creates. MLflow 3.17's UI picks
 # the view from its global GenAI / Model training switch instead (GenAI by default), so links to the dashboard
@@ -62,10 +64,20 @@ def dashboard_url(base: str, experiment_id: str, runs_view: bool = True) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}" + (f"?{WORKFLOW_QUERY}" if runs_view else "")
 
 
+def default_tracking_uri() -> str:
+    """`MLFLOW_TRACKING_URI`, else the store of conf/paths/default.yaml: `$ELECTRA_ABLATE_HOME/mlflow.db`, else
+    `<checkout>/outputs/mlflow.db`, whatever the working directory."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    root = Path(os.environ.get("ELECTRA_ABLATE_ROOT") or Path(__file__).resolve().parent.parent)
+    home = Path(os.environ.get("ELECTRA_ABLATE_HOME") or root / "outputs")
+    return f"sqlite:///{home.expanduser().resolve()}/mlflow.db"
+
+
 def resolve_tracking_uri(cfg_uri: str | None = None) -> str:
-    """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else that variable, else
-    `sqlite:///outputs/mlflow.db`; the parent folder of a SQLite file is created."""
-    uri = cfg_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///outputs/mlflow.db"
+    """The config's value (whose default already reads `MLFLOW_TRACKING_URI`), else `default_tracking_uri()`;
+    the parent folder of a SQLite file is created."""
+    uri = cfg_uri or default_tracking_uri()
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///") :]).expanduser().parent.mkdir(parents=True, exist_ok=True)
     return uri
@@ -81,15 +93,18 @@ def artifact_root(uri: str) -> str | None:
 def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     # Never mlflow.set_tracking_uri(): it exports MLFLOW_TRACKING_URI, which would leak into later runs of
     # the same process (a multirun) that name another store.
+    # A new SQLite store is created and migrated under a file lock, and a half-migrated one is refused (store.py).
     uri = resolve_tracking_uri(tracking_uri)
-    client = MlflowClient(uri)
+    client = store.open_client(uri)
     if client.get_experiment_by_name(experiment) is None:
         root = artifact_root(uri)
-        try:
-            client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None,
-                                     tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
-        except mlflow.exceptions.MlflowException:
-            pass  # created concurrently by another job of the same sweep
+        lock = store.store_lock(uri)
+        with lock if lock is not None else contextlib.nullcontext():
+            try:
+                client.create_experiment(experiment, artifact_location=f"{root}/{experiment}" if root else None,
+                                         tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND})
+            except mlflow.exceptions.MlflowException:
+                pass  # created concurrently by another job (a server store takes no lock)
     return client
 
 
@@ -147,14 +162,28 @@ def git_commit() -> str:
         return "unknown"
 
 
-class RunLogger:
-    """One MLflow run: params and tags up front, metrics buffered and flushed in batches."""
+TAG_ATTEMPTS = "attempts"  # how many processes have worked on this run (1 = it ran straight through)
+TAG_RESTARTS = "restarts"  # JSON list: why and from which step each later attempt started
+TAG_END_REASON = "end_reason"  # why a run ended other than FINISHED (signal, superseded, ...)
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_every: int = 200):
+
+class RunLogger:
+    """One MLflow run: params and tags up front, metrics buffered and flushed in batches.
+
+    A run taken over by a later process (`adopt`: a resume from a checkpoint, or a restart in place) keeps
+    its metric history: each metric's newest logged step is read back, and the new process logs only later
+    steps, so a resumed run records every step exactly once. A resumed run recomputes the steps after its
+    checkpoint bit for bit (PretrainSystem carries the RNG and metric state), so the values it skips equal
+    the ones already logged.
+    """
+
+    def __init__(self, client: MlflowClient, run_id: str, flush_every: int = 200,
+                 logged_through: Mapping[str, int] | None = None):
         self.client = client
         self.run_id = run_id
         self.flush_every = flush_every
         self._buffer: list[Metric] = []
+        self.logged_through = dict(logged_through or {})  # metric -> newest step already in the store
 
     @classmethod
     def start(
@@ -169,6 +198,7 @@ class RunLogger:
         exp = client.get_experiment_by_name(experiment)
         all_tags = {k: str(v) for k, v in tags.items()}
         all_tags["mlflow.runName"] = run_name
+        all_tags[TAG_ATTEMPTS] = "1"
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(exp.experiment_id, run_name=run_name, tags=all_tags)
@@ -179,9 +209,26 @@ class RunLogger:
                 client.log_batch(run.info.run_id, params=items[i : i + 100])
         return logger
 
+    @classmethod
+    def adopt(cls, client: MlflowClient, run, how: str, tags: Mapping[str, str] | None = None) -> RunLogger:
+        """Continue `run` (an mlflow Run) in this process: mark it RUNNING, count the attempt and say `how`
+        it goes on (e.g. "resumed from step 8", "restarted from step 0: no checkpoint")."""
+        # RunData keeps the latest_metrics rows, whose step is each metric's newest step.
+        logged = {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", [])}
+        attempts = int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
+        restarts = json.loads(run.data.tags.get(TAG_RESTARTS, "[]"))
+        restarts.append({"attempt": attempts, "how": how, "previous_status": run.info.status,
+                         "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        logger = cls(client, run.info.run_id, logged_through=logged)
+        logger.set_tags({TAG_ATTEMPTS: attempts, TAG_RESTARTS: json.dumps(restarts), **(tags or {})})
+        client.update_run(run.info.run_id, status="RUNNING")
+        return logger
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         ts = int(time.time() * 1000)
-        self._buffer.extend(Metric(k, float(v), ts, int(step)) for k, v in metrics.items())
+        step = int(step)
+        self._buffer.extend(Metric(k, float(v), ts, step) for k, v in metrics.items()
+                            if step > self.logged_through.get(k, -1))
         if len(self._buffer) >= self.flush_every:
             self.flush()
 
@@ -193,12 +240,47 @@ class RunLogger:
 
     def flush(self) -> None:
         while self._buffer:
-            chunk, self._buffer = self._buffer[:1000], self._buffer[1000:]
+            chunk = self._buffer[:1000]
             self.client.log_batch(self.run_id, metrics=chunk)
+            self._buffer = self._buffer[1000:]  # dropped only once written: a failed write is retried later
 
-    def finish(self, status: str = "FINISHED") -> None:
-        self.flush()
-        self.client.set_terminated(self.run_id, status=status)
+    def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        try:
+            self.flush()
+        finally:
+            if reason:
+                self.set_tags({TAG_END_REASON: reason[:5000]})
+            self.client.set_terminated(self.run_id, status=status)
+
+
+def end_status(error: BaseException) -> tuple[str, str]:
+    """(MLflow status, reason) for a run stopped by `error`: a signal or Ctrl-C is KILLED, the rest FAILED."""
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return "KILLED", f"stopped by {type(error).__name__} (SIGINT/SIGTERM): {error}".rstrip(": ")
+    return "FAILED", f"{type(error).__name__}: {error}"
+
+
+def runs_of_identity(client: MlflowClient, experiment: str, cfg_hash: str) -> list:
+    """Every run with this config hash, newest first."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}'",
+                              order_by=["attributes.start_time DESC"], max_results=1000)
+
+
+def retire_stale(client: MlflowClient, runs, keep: str | None) -> list[str]:
+    """Mark every RUNNING run of `runs` other than `keep` KILLED with a reason. Called under the identity
+    lock, so no live process owns them: they are left over from a process that died."""
+    retired = []
+    for r in runs:
+        if r.info.run_id != keep and r.info.status == "RUNNING":
+            reason = (f"left RUNNING by a process that died; superseded by run {keep}" if keep
+                      else "left RUNNING by a process that died")
+            client.set_tag(r.info.run_id, TAG_END_REASON, reason)
+            client.set_terminated(r.info.run_id, status="KILLED")
+            retired.append(r.info.run_id)
+    return retired
 
 
 def runs_frame(client: MlflowClient, experiment: str, filter_string: str = "") -> pd.DataFrame:

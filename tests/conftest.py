@@ -28,6 +28,9 @@ def _no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # Tests pick their own folders: a user's ELECTRA_ABLATE_HOME / ELECTRA_ABLATE_ROOT must not redirect them.
+    monkeypatch.delenv("ELECTRA_ABLATE_HOME", raising=False)
+    monkeypatch.delenv("ELECTRA_ABLATE_ROOT", raising=False)
 
 
 # A pre-training config small enough for hundreds of CPU steps: 2 layers, hidden 64, sequences of 64, and a

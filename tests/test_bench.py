@@ -29,11 +29,14 @@ TINY = [
 def quick_report(tmp_path_factory, data_dir):
     tmp = tmp_path_factory.mktemp("bench")
     out = tmp / "benchmarks.md"
+    # Both precisions whatever this CPU has (on one without native bf16, bf16-mixed is only slower).
     argv = ["--quick", "--models", "tiny", "--batch-size", "8", "--seq-len", "64", "--threads", "1",
             "--data-dir", str(data_dir), "--cache-dir", str(tmp / "cache"), "--out", str(out),
-            "--sections", "equal,pretrain,pieces,bert,data,memory,sync", "--accumulate", "1",
-            *[x for o in TINY for x in ("--override", o)]]
-    return bench.main(argv), out
+            "--sections", "equal,pretrain,shapes,pieces,bert,finetune,data,memory,sync", "--accumulate", "1",
+            "--precisions", "32-true,bf16-mixed", *[x for o in TINY for x in ("--override", o)]]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "SHAPES", ((4, 32), (8, 64)))  # the section's logic at test sizes
+        return bench.main(argv), out
 
 
 def test_benchmark_writes_its_table_with_the_command(quick_report):
@@ -42,14 +45,18 @@ def test_benchmark_writes_its_table_with_the_command(quick_report):
     assert text.startswith("# Benchmarks")
     assert "python -m electra_ablate.bench --quick --models tiny" in text  # the command that made it
     assert bench.NO_GPU_NOTE in text  # CPU run: GPU rows present but empty
-    assert "| tiny | this harness | 8 x 64 |" in text and "| tiny | transformers | 8 x 64 |" in text
+    for impl in ("this harness", "transformers"):
+        for p in ("32-true", "bf16-mixed"):
+            assert f"| tiny | {impl} | {p} | 8 x 64 |" in text
+    assert "**bf16-mixed against fp32**" in text
     assert not out.with_name(out.name + ".tmp").exists()
-    impls = {r["key"] for r in rep.pretrain}
-    assert impls == {"ours", "transformers"}
+    assert {(r["key"], r["precision"]) for r in rep.pretrain} == {
+        (k, p) for k in ("ours", "transformers") for p in ("32-true", "bf16-mixed")}
     for r in rep.pretrain:
         assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and len(r["steps"]) == 2
-        assert r["flops_paper"] > 0 and r["flops_executed"] > 0 and 0 < rep.peaks["tiny"]["peak"]
-    ours, ref = sorted(rep.pretrain, key=lambda r: r["key"] != "ours")
+        assert r["flops_paper"] > 0 and r["flops_executed"] > 0 and 0 < rep.peaks["tiny"][r["precision"]]["peak"]
+    by = {(r["key"], r["precision"]): r for r in rep.pretrain}
+    ours, ref = by[("ours", "32-true")], by[("transformers", "32-true")]
     # The same analytic work, but the reference executes more: its MLM head runs at every position.
     assert ours["flops_paper"] == ref["flops_paper"]
     assert ours["flops_executed"] < ref["flops_executed"]
@@ -65,9 +72,26 @@ def test_equal_work_check_passes_on_real_batches(quick_report):
     assert "| pass |" in out.read_text()
 
 
+def test_the_report_names_the_cpu_and_what_auto_resolves_to(quick_report):
+    from electra_ablate import precision
+
+    text = quick_report[1].read_text()
+    assert precision.describe_cpu() in text
+    assert f"`runtime.precision=auto` resolves to {precision.resolve('auto', 'cpu')} here" in text
+
+
 def test_every_section_reports(quick_report):
     rep, out = quick_report
     text = out.read_text()
+    assert {(r["precision"], r["variant"]) for r in rep.finetune} == {
+        (p, v) for p in ("32-true", "bf16-mixed") for v in ("fast dropout", "torch dropout")}
+    assert all(r["examples_per_s"] > 0 and r["task"] == "SST2" for r in rep.finetune)
+    default, buckets = rep.finetune_padding  # one epoch of the first 2,000 SST-2 rows, counted
+    assert default["real_tokens"] == buckets["real_tokens"] and default["examples"] == 2000
+    assert default["real_tokens"] < default["padded_tokens"] and buckets["padded_tokens"] < default["padded_tokens"]
+    assert [(r["batch_size"], r["seq_len"], r["precision"]) for r in rep.shapes] == [
+        (4, 32, "32-true"), (4, 32, "bf16-mixed"), (8, 64, "32-true"), (8, 64, "bf16-mixed")]
+    assert "| tiny | 8 | 64 | bf16-mixed |" in text
     assert {r["piece"] for r in rep.pieces} == set(bench.PIECES)
     assert [r["variant"] for r in rep.bert] == ["bert", "electra, generator 1/4", "electra, generator 1/1"]
     assert {r["workers"] for r in rep.data} == {0, 2}
@@ -76,7 +100,8 @@ def test_every_section_reports(quick_report):
     assert all(r["peak_mib"] > 0 for r in rep.memory)
     # Boolean-mask indexing in the objective is a host-device sync on CUDA and must be reported.
     assert any(r["op"] == "aten::index" and r["cuda"] == "yes" for r in rep.syncs)
-    for heading in ("## The fast path", "## BERT vs ELECTRA", "## Data loader", "## Peak memory", "## Host-device"):
+    for heading in ("## The fast path", "## BERT vs ELECTRA", "## Data loader", "## Peak memory", "## Host-device",
+                    "## Fine-tuning throughput", "## Our step by batch size"):
         assert heading in text
 
 
@@ -118,7 +143,7 @@ def test_compiled_pretraining_logs_its_compile_time(tmp_path, data_dir):
     with initialize_config_dir(config_dir=str(bench.CONF_DIR), version_base="1.3"):
         cfg = compose("pretrain", overrides=[
             "model=tiny", *TINY, "data.max_seq_length=64", "data.batch_size=8", "runtime.compile=true",
-            "runtime.num_workers=0", "trainer.max_steps=5", "trainer.enable_progress_bar=false",
+            "runtime.num_workers=0", "trainer.max_steps=5", "optim.warmup_steps=1", "trainer.enable_progress_bar=false",
             f"paths.root_dir={tmp_path}", f"paths.data_dir={data_dir}", f"paths.output_dir={tmp_path}/run",
             f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db"])
     run_id = pretrain.train(cfg)
@@ -131,6 +156,23 @@ def test_compiled_pretraining_logs_its_compile_time(tmp_path, data_dir):
 def test_bad_section_name_fails_before_compute(data_dir):
     with pytest.raises(bench.BenchError, match="unknown --sections"):
         bench.main(["--sections", "pretrain,speed", "--data-dir", str(data_dir)])
+
+
+def test_bad_precision_fails_before_compute(data_dir):
+    with pytest.raises(bench.BenchError, match=r"--precisions '32-true,fp8'.*subset of 32-true,bf16-mixed"):
+        bench.main(["--precisions", "32-true,fp8", "--data-dir", str(data_dir)])
+
+
+@pytest.mark.parametrize("flags, expected", [({"avx2", "avx512_bf16"}, ("32-true", "bf16-mixed")),
+                                             ({"avx2", "amx_bf16"}, ("32-true", "bf16-mixed")),
+                                             ({"avx2"}, ("32-true",))])
+def test_default_precisions_follow_the_cpu(monkeypatch, data_dir, flags, expected):
+    from electra_ablate import precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
+    settings, _ = bench.parse_args(["--device", "cpu", "--data-dir", str(data_dir)])
+    assert settings.precisions == expected
+    assert bench.default_precisions("cuda") == ("bf16-mixed",)
 
 
 # --- fast dropout ---------------------------------------------------------------------------------------

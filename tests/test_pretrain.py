@@ -82,9 +82,9 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, s
 
 
 def test_a_finished_run_is_found_and_not_recomputed(tmp_path, pretrain_cfg):
-    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3")
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3", "optim.warmup_steps=1")
     first = pretrain.train(cfg)
-    again = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3", "runtime.num_workers=1")  # a speed-only setting does not change the run's identity
+    again = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3", "optim.warmup_steps=1", "runtime.num_workers=1")  # a speed-only setting does not change the run's identity
     assert pretrain.train(again) == first
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     assert len(client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])) == 1
@@ -111,7 +111,7 @@ def test_unknown_option_names_the_valid_ones(tmp_path, pretrain_cfg):
 def test_diverging_loss_stops_with_a_clear_message(tmp_path, pretrain_cfg):
     cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=50", "optim.lr=1e12",
                       "optim.warmup_steps=0", "optim.max_grad_norm=1e30")
-    with pytest.raises(TrainingError, match="training diverged. Lower optim.lr"):
+    with pytest.raises(TrainingError, match=r"loss is nan at step 2: training diverged. Recent train/loss values: step 1: .*optim.lr=1000000000000.0"):
         pretrain.train(cfg)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
@@ -119,7 +119,7 @@ def test_diverging_loss_stops_with_a_clear_message(tmp_path, pretrain_cfg):
 
 
 def test_pretrained_networks_keep_their_generator(tmp_path, pretrain_cfg):
-    cfg = pretrain_cfg(tmp_path, "objective=electra", "sharing=embeddings", "trainer.max_steps=2")
+    cfg = pretrain_cfg(tmp_path, "objective=electra", "sharing=embeddings", "trainer.max_steps=2", "optim.warmup_steps=1")
     run_id = pretrain.train(cfg)
     path = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id).data.tags["checkpoint_path"]
     disc, info = load_pretrained(path)

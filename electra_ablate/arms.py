@@ -1,0 +1,111 @@
+"""What each arm of a sweep was, read back from its runs: the pre-training it had (steps, tokens, FLOPs), the
+encoder shape and vocabulary it was fine-tuned with. The report states the scale of every verdict from this,
+and warns when the arms it compares differ in anything but their weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from electra_ablate import tracking
+
+# Pre-training params that fix the encoder's shape (the pretrain config's `model` group).
+SHAPE_KEYS = ("model.embedding_size", "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",
+              "model.intermediate_size")
+
+
+def file_sha256(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_vocab_sha256(run) -> str | None:
+    """A pre-training run's vocabulary digest: its recorded param, else the vocab.txt of its saved network."""
+    recorded = run.data.params.get(tracking.PARAM_VOCAB_SHA256)
+    if recorded:
+        return recorded
+    checkpoint = run.data.tags.get(tracking.TAG_CHECKPOINT)
+    return file_sha256(Path(checkpoint) / "vocab.txt") if checkpoint else None
+
+
+def shape_of(run) -> tuple[str, ...] | None:
+    params = run.data.params
+    if not all(k in params for k in SHAPE_KEYS):
+        return None
+    return tuple(params[k] for k in SHAPE_KEYS)
+
+
+def _millions(n: float) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def pretraining_scale(run) -> str:
+    """'600 steps x 128 x 64 = 4.9M tokens, 1.2e+14 FLOPs' for one finished pre-training run."""
+    p = run.data.params
+    try:
+        steps = int(p["trainer.max_steps"])
+        batch = int(p["data.batch_size"]) * int(p.get("trainer.accumulate_grad_batches", 1))
+        seq = int(p["data.max_seq_length"])
+    except (KeyError, ValueError):
+        return "scale not recorded"
+    flops = run.data.metrics.get("flops/total")
+    return f"{steps} steps x {batch} x {seq} = {_millions(steps * batch * seq)} tokens" + (
+        f", {flops:.2g} FLOPs" if flops else "")
+
+
+def describe(spec, pretrain_states) -> dict[str, str]:
+    """Variant label -> one phrase for its pre-training (the first finished run; runs of a variant share it)."""
+    first = {}
+    for s in pretrain_states:
+        if s.run is not None:
+            first.setdefault(s.job.variant, s.run)
+    out = {}
+    for v in spec.variants:
+        if v.label in first:
+            out[v.label] = f"{pretraining_scale(first[v.label])} per pre-training run"
+        elif v.random_init_of is not None:
+            out[v.label] = f"no pre-training (random weights shaped like {v.random_init_of})"
+        elif v.pretrained == "none":
+            out[v.label] = "no pre-training"
+        elif v.pretrained is not None:
+            out[v.label] = f"imported `{v.pretrained}`"
+    return out
+
+
+def shape_warning(spec, pretrain_states) -> str | None:
+    """A warning when pre-trained arms (and the random arms shaped like them) differ in encoder shape."""
+    shapes: dict[str, set] = {}
+    for s in pretrain_states:
+        if s.run is not None and (shape := shape_of(s.run)) is not None:
+            shapes.setdefault(s.job.variant, set()).add(shape)
+    for v in spec.variants:
+        if v.random_init_of in shapes:
+            shapes[v.label] = shapes[v.random_init_of]
+    if len({x for xs in shapes.values() for x in xs}) <= 1:
+        return None
+    listing = "; ".join(f"{label} " + ", ".join("x".join(x) for x in sorted(xs)) for label, xs in shapes.items())
+    return (f"**Warning: the arms compared here differ in encoder shape** ({'/'.join(SHAPE_KEYS)}: {listing}): a "
+            "difference between them mixes the objective with the architecture.")
+
+
+def scale_sentences(results, scale: Mapping[str, str]) -> list[str]:
+    """One plain sentence per verdict: the claim, what we found, and the scale it was found at."""
+    out = []
+    for v in results:
+        c = v.claim
+        arms = list(dict.fromkeys(c.better + c.worse))
+        where = "; ".join(f"{a}: {scale[a]}" for a in arms if a in scale)
+        if v.difference is None:
+            out.append(f"- {c.text}: not run.")
+            continue
+        d = v.difference
+        out.append(f"- {c.text}: **{v.verdict}** ({d.estimate:+.1f} points, 95% interval [{d.low:+.1f}, {d.high:+.1f}]"
+                   f"{'' if not where else '; ' + where}).")
+    return out

@@ -1,0 +1,75 @@
+"""Tokenizing one shard of a corpus into word-piece ids on disk: the work of a corpus build's worker processes.
+
+Kept apart from data.py and corpus.py so that a worker process imports only `tokenizers` and numpy (no torch),
+and starts in a fraction of a second. A shard file holds the word-piece ids of its lines end to end (`ids`)
+and the number of ids of each line (`line_lengths`, 0 for a document boundary or a line that tokenizes to
+nothing: the example builder treats both as the end of a document, as data.build_or_load does). It is written
+to a temporary name and renamed, so a shard file that exists is complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from tokenizers import Tokenizer
+
+LINES_PER_ENCODE = 2048  # lines per encode_batch call: bounds the memory of the Encoding objects
+_tokenizer: Tokenizer | None = None
+
+
+class ShardResult(NamedTuple):
+    index: int
+    num_lines: int
+    num_tokens: int
+
+
+def shard_path(directory: Path, index: int) -> Path:
+    return directory / f"shard_{index:07d}.npz"
+
+
+def init_worker(tokenizer_json: str) -> None:
+    """Pool initializer: one tokenizer per worker process, single-threaded (the processes are the parallelism)."""
+    global _tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _tokenizer = Tokenizer.from_str(tokenizer_json)
+
+
+def encode_lines(tokenizer: Tokenizer, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, line_lengths) of `lines` ("" = document boundary), without [CLS]/[SEP]; ids as int64."""
+    lengths = np.zeros(len(lines), dtype=np.int64)
+    pieces: list[np.ndarray] = []
+    for start in range(0, len(lines), LINES_PER_ENCODE):
+        chunk = lines[start : start + LINES_PER_ENCODE]
+        where = [i for i, line in enumerate(chunk) if line]
+        encoded = [e.ids for e in tokenizer.encode_batch_fast([chunk[i] for i in where], add_special_tokens=False)]
+        counts = [len(ids) for ids in encoded]
+        lengths[[start + i for i in where]] = counts
+        pieces.append(np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=sum(counts)))
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return ids, lengths
+
+
+def write_shard(path: Path, ids: np.ndarray, line_lengths: np.ndarray, dtype: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        np.savez(f, ids=ids.astype(dtype), line_lengths=line_lengths.astype(np.int32))
+    os.replace(tmp, path)
+
+
+def tokenize_shard(index: int, lines: list[str], directory: str, dtype: str,
+                   tokenizer: Tokenizer | None = None) -> ShardResult:
+    """Tokenize shard `index` and write it under `directory`; `tokenizer` defaults to the worker's."""
+    tok = tokenizer if tokenizer is not None else _tokenizer
+    assert tok is not None, "init_worker was not called in this process"
+    ids, lengths = encode_lines(tok, lines)
+    write_shard(shard_path(Path(directory), index), ids, lengths, dtype)
+    return ShardResult(index, len(lines), len(ids))
+
+
+def read_shard(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(path) as z:
+        return z["ids"], z["line_lengths"]

@@ -1,0 +1,331 @@
+"""Corpora of many files or a `datasets` dataset: the sharded, parallel, resumable build gives exactly the examples
+of the single-file build, bad files are named, and every pre-training run reports its passes over the corpus."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import lzma
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from mlflow.tracking import MlflowClient
+
+from electra_ablate import corpus as C
+from electra_ablate import data as D
+from electra_ablate import pretrain
+from electra_ablate import wordpiece_shards as W
+from electra_ablate.data import DataError, build_or_load
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
+CORPUS = DATA / "corpus" / "enwiki_sample_5mb.txt"
+VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
+SMALL_SHARDS = 12_000  # characters: a few dozen documents per shard, so these corpora have several shards
+
+pytestmark = pytest.mark.usefixtures("data_dir")
+
+
+def documents(n: int, skip: int = 0) -> list[list[str]]:
+    """Documents `skip` .. `skip + n` of the Wikipedia sample, each a list of its lines."""
+    docs, doc = [], []
+    with open(CORPUS, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                doc.append(line.rstrip("\n"))
+            elif doc:
+                docs.append(doc)
+                doc = []
+                if len(docs) == skip + n:
+                    break
+    return docs[skip:]
+
+
+def as_text(docs: list[list[str]]) -> str:
+    return "".join("\n".join(doc) + "\n\n" for doc in docs)
+
+
+def assert_same_examples(a: D.PretrainCache, b: D.PretrainCache) -> None:
+    for name in D._ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    for key in ("num_examples", "num_tokens", "num_docs", "dtype", "vocab_size"):
+        assert a.meta[key] == b.meta[key], key
+
+
+def build(paths, cache_dir, **kw) -> D.PretrainCache:
+    args = dict(vocab_file=VOCAB, cache_dir=cache_dir, max_seq_length=64, workers=1, shard_chars=SMALL_SHARDS)
+    return C.build_or_load_corpus(C.TextFiles([str(p) for p in paths], kw.pop("text_field", "text")),
+                                  **{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Today's single-file build of the first 120 documents (max_seq_length 64)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    path = tmp / "head.txt"
+    path.write_text(as_text(documents(120)), encoding="utf-8")
+    return path, build_or_load(corpus=path, vocab_file=VOCAB, cache_dir=tmp / "cache", max_seq_length=64)
+
+
+def write_formats(folder: Path, docs: list[list[str]]) -> list[Path]:
+    """The documents split over five files: plain, .gz, .xz, .zst and JSON lines, named in corpus order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = np.array_split(np.arange(len(docs)), 5)
+    texts = [as_text([docs[i] for i in part]) for part in parts]
+    files = [folder / "0.txt", folder / "1.txt.gz", folder / "2.txt.xz", folder / "3.txt.zst", folder / "4.jsonl"]
+    files[0].write_text(texts[0], encoding="utf-8")
+    with gzip.open(files[1], "wt", encoding="utf-8") as f:
+        f.write(texts[1])
+    with lzma.open(files[2], "wt", encoding="utf-8") as f:
+        f.write(texts[2])
+    files[3].write_bytes(zstandard.ZstdCompressor().compress(texts[3].encode()))
+    with open(files[4], "w", encoding="utf-8") as f:
+        for i in parts[4]:
+            f.write(json.dumps({"id": int(i), "text": "\n".join(docs[i])}) + "\n")
+    return files
+
+
+# --- the same examples as the single-file build -------------------------------------------------------------
+
+
+def test_single_file_in_parallel_shards_equals_todays_build(reference, tmp_path, monkeypatch, caplog):
+    path, ref = reference
+    monkeypatch.setattr(C, "PROGRESS_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO, logger="electra_ablate.corpus"):
+        ours = build([path], tmp_path, workers=2)
+    assert ours.meta["num_shards"] >= 4 and ours.meta["build_workers"] == 2
+    assert_same_examples(ref, ours)
+    assert ours.meta["num_docs"] == 120
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("corpus build:")]
+    assert len(progress) >= 4 and "word pieces/s" in progress[-1] and "MB of files read" in progress[-1]
+    # Loaded again without tokenizing; the shard size only changes where shards are cut.
+    monkeypatch.setattr(W, "encode_lines", lambda *a: pytest.fail("tokenized again"))
+    assert build([path], tmp_path, workers=2).directory == ours.directory
+    monkeypatch.undo()
+    assert_same_examples(ref, build([path], tmp_path / "big", shard_chars=1 << 30))
+
+
+def test_whole_sample_equals_todays_build(tmp_path):
+    ref = build_or_load(corpus=CORPUS, vocab_file=VOCAB, cache_dir=tmp_path / "a", max_docs=300)
+    ours = C.build_or_load_corpus(C.TextFiles([CORPUS]), vocab_file=VOCAB, cache_dir=tmp_path / "b",
+                                  max_docs=300, workers=2, shard_chars=1 << 17)
+    assert ours.meta["num_shards"] >= 2
+    assert_same_examples(ref, ours)
+
+
+def test_files_of_every_format_give_the_examples_of_their_concatenation(reference, tmp_path):
+    path, ref = reference
+    files = write_formats(tmp_path / "corpus", documents(120))
+    # A folder, then a glob that names a file again (read once), in the folder's sorted order.
+    ours = build([tmp_path / "corpus", tmp_path / "corpus" / "*.jsonl"], tmp_path / "cache", workers=2)
+    assert_same_examples(ref, ours)
+    assert ours.meta["corpus"].startswith(f"text files [{files[0]}")
+    # Globs and a list of files give the same corpus, hence the same (content-keyed) cache entry.
+    again = build([tmp_path / "corpus" / "[0-3].txt*", files[4]], tmp_path / "cache")
+    assert again.directory == ours.directory
+
+
+def test_cache_key_follows_the_content(tmp_path):
+    text = as_text(documents(30))
+    a = tmp_path / "a.txt"
+    a.write_text(text)
+    first = build([a], tmp_path / "c").directory.name
+    os.utime(a, (1, 1))  # a new modification time, same bytes
+    copy = tmp_path / "copy.txt"
+    copy.write_text(text)
+    assert build([a], tmp_path / "c").directory.name == first
+    assert build([copy], tmp_path / "c").directory.name == first
+    a.write_text(text.replace("the", "a", 1))
+    assert build([a], tmp_path / "c").directory.name != first
+    for change in [dict(max_seq_length=65), dict(short_seq_prob=0.5), dict(build_seed=1), dict(max_docs=10),
+                   dict(lowercase=False)]:
+        assert build([copy], tmp_path / "c", **change).directory.name != first, change
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gzip", "utf8", "json", "field", "zstd"])
+def test_a_bad_shard_is_named_with_its_line(tmp_path, kind):
+    good = tmp_path / "corpus" / "0_good.txt"
+    good.parent.mkdir()
+    good.write_text(as_text(documents(20)))
+    lines = [json.dumps({"text": "A fine document."})] * 2
+    if kind == "gzip":
+        bad = good.with_name("1_bad.txt.gz")
+        blob = gzip.compress("".join(f"Line {i} of a truncated file.\n" for i in range(5000)).encode())
+        bad.write_bytes(blob[: len(blob) // 2])  # cut short, as by an interrupted download
+        where = "cannot be read after line"
+    elif kind == "utf8":
+        bad = good.with_name("1_bad.txt")
+        bad.write_bytes(b"First line.\nSecond \xff\xfe line.\n")
+        where = "line 2 is not UTF-8 text (byte 8 of the line"
+    elif kind == "json":
+        bad = good.with_name("1_bad.jsonl")
+        bad.write_text("\n".join(lines + ['{"text": "unterminated']) + "\n")
+        where = "line 3 is not JSON"
+    elif kind == "field":
+        bad = good.with_name("1_bad.jsonl.gz")
+        bad.write_bytes(gzip.compress(("\n".join(lines + ['{"body": "x"}']) + "\n").encode()))
+        where = "line 3 has no text field 'text'"
+    else:
+        bad = good.with_name("1_bad.txt.zst")
+        bad.write_bytes(b"\x28\xb5\x2f\xfd" + b"not a zstd frame" * 10)
+        where = "cannot be read from its start (ZstdError"
+    with pytest.raises(DataError) as err:
+        build([good.parent], tmp_path / "cache", workers=2)
+    message = str(err.value)
+    assert str(bad) in message and where in message, message
+    assert "data.paths" in message or "data.text_field" in message  # the fix is named
+    assert list((tmp_path / "cache" / "pretrain").iterdir()) == []  # nothing half-written
+
+
+def test_paths_that_name_nothing_fail_before_compute(tmp_path):
+    with pytest.raises(DataError, match=r"entry '.*missing\*\.txt' matches no file"):
+        C.TextFiles([str(tmp_path / "missing*.txt")])
+    with pytest.raises(DataError, match="must be a non-empty list"):
+        C.TextFiles([])
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="empty.txt are empty"):
+        C.TextFiles([str(tmp_path)])
+
+
+# --- resuming ----------------------------------------------------------------------------------------------
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_build_resumes_without_tokenizing_finished_shards(reference, tmp_path, monkeypatch, workers):
+    path, ref = reference
+
+    def kill_after(k):
+        def hook(index):
+            if index == k:
+                raise Killed(f"killed after shard {k}")
+        return hook
+
+    monkeypatch.setattr(C, "_on_shard_done", kill_after(2))
+    with pytest.raises(Killed):
+        build([path], tmp_path, workers=workers)
+    assert list((tmp_path / "pretrain").iterdir()) == []
+    (token_dir,) = (tmp_path / "tokens").iterdir()
+    done = sorted(p.name for p in token_dir.glob("shard_*.npz"))
+    assert done[:3] == ["shard_0000000.npz", "shard_0000001.npz", "shard_0000002.npz"]
+    assert not list(token_dir.glob(".*tmp*"))
+
+    tokenized = []
+    real = W.encode_lines
+    monkeypatch.setattr(W, "encode_lines", lambda tok, lines: tokenized.append(1) or real(tok, lines))
+    monkeypatch.setattr(C, "_on_shard_done", lambda index: None)
+    resumed = build([path], tmp_path, workers=1)
+    assert len(tokenized) == resumed.meta["num_shards"] - len(done)
+    if workers == 1:  # in order, so shards after the kill are left to do; parallel workers may finish them all
+        assert len(tokenized) > 0
+    assert_same_examples(ref, resumed)
+
+
+# --- Hugging Face datasets -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_dataset(tmp_path_factory):
+    datasets = pytest.importorskip("datasets")
+    docs = documents(120)
+    folder = tmp_path_factory.mktemp("hf") / "wiki"
+    ds = datasets.Dataset.from_dict({"id": list(range(len(docs))), "text": ["\n".join(d) for d in docs]})
+    datasets.DatasetDict({"train": ds, "validation": ds.select(range(10))}).save_to_disk(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streaming"])
+def test_local_datasets_dataset_gives_the_same_examples(reference, saved_dataset, tmp_path, streaming):
+    _, ref = reference
+    dm = C.HFDatasetDataModule(name=str(saved_dataset), split="train", streaming=streaming, vocab_file=str(VOCAB),
+                               cache_dir=str(tmp_path), max_seq_length=64, batch_size=4, build_workers=2)
+    assert_same_examples(ref, dm.prepare())
+    assert "Hugging Face dataset" in dm.cache.meta["corpus"]
+    other = C.build_or_load_corpus(C.HFDataset(str(saved_dataset), split="validation"), vocab_file=VOCAB,
+                                   cache_dir=tmp_path, max_seq_length=64, workers=1)
+    assert other.directory != dm.cache.directory and other.meta["num_docs"] == 10
+
+
+def test_dataset_errors_name_the_fix(saved_dataset, tmp_path):
+    with pytest.raises(DataError, match=r"no split 'test' \(it has \['train', 'validation'\]\)"):
+        C.HFDataset(str(saved_dataset), split="test").dataset
+    with pytest.raises(DataError, match=r"no column 'body'.*data.text_column"):
+        C.HFDataset(str(saved_dataset), text_column="body").dataset
+    with pytest.raises(DataError, match=r"cannot be loaded.*data.name"):
+        C.HFDataset(str(tmp_path / "no_such_dataset_here")).dataset
+
+
+# --- configs and runs --------------------------------------------------------------------------------------
+
+
+def compose_pretrain(tmp_path, *overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("pretrain", overrides=[f"paths.data_dir={DATA}", f"paths.cache_dir={tmp_path / 'cache'}",
+                                              *overrides])
+
+
+def test_configs_instantiate_the_corpus_modules(saved_dataset, tmp_path):
+    write_formats(tmp_path / "corpus", documents(40))
+    cfg = compose_pretrain(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]", "data.batch_size=4")
+    dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=0, num_workers=0, pin_memory=False,
+                     build_workers=1)
+    assert isinstance(dm, C.TextFilesDataModule) and dm.prepare().meta["num_docs"] == 40
+    assert dm.special.mask == 103 and dm.num_examples >= 4
+    cfg = compose_pretrain(tmp_path, "data=hf_dataset", f"data.name={saved_dataset}", "data.max_docs=30", "data.batch_size=4")
+    dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=0, num_workers=0, pin_memory=False)
+    assert isinstance(dm, C.HFDatasetDataModule) and dm.prepare().meta["num_docs"] == 30
+
+
+def test_passes_over_the_corpus_and_the_warning():
+    # The issue's numbers: ELECTRA-Small's 1M steps x 128 x 128 over the ~60M-token Wikipedia slice.
+    small_on_slice = C.corpus_budget(60_000_000, 470_000, 1_000_000, 128, 128)
+    assert small_on_slice["corpus/tokens_to_see"] == 16_384_000_000
+    assert round(small_on_slice["corpus/passes"]) == 273
+    assert small_on_slice["corpus/example_epochs"] == pytest.approx(1_000_000 * 128 / 470_000)
+    warning = C.passes_warning(small_on_slice)
+    assert "273 passes" in warning and "~5 for ELECTRA-Small" in warning and "data=text_files" in warning
+    paper = C.corpus_budget(3_300_000_000, 26_000_000, 1_000_000, 128, 128)
+    assert round(paper["corpus/passes"]) == 5 and C.passes_warning(paper) is None
+
+
+def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):
+    write_formats(tmp_path / "corpus", documents(60))
+    # The tiny test config trains a vocabulary, which these corpora do not: one clear error before compute.
+    with pytest.raises(DataError, match="data.train_vocab_size=2000.*set data.train_vocab_size=0"):
+        pretrain.train(pretrain_cfg(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]"))
+    cfg = pretrain_cfg(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]", "data.train_vocab_size=0",
+                       "data.max_seq_length=64", "data.batch_size=8", "trainer.max_steps=2", "optim.warmup_steps=1",
+                       "logger.log_every_n_steps=1", "trainer.export_fractions=[]")
+    run_id = pretrain.train(cfg)
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
+    tokens = int(run.data.params["corpus/tokens"])
+    assert tokens > 5_000 and run.data.params["corpus/tokens_to_see"] == str(2 * 8 * 64)
+    assert float(run.data.params["corpus/passes"]) == pytest.approx(2 * 8 * 64 / tokens, abs=1e-4)
+    assert run.data.metrics["corpus/passes"] == pytest.approx(2 * 8 * 64 / tokens)
+    assert run.info.status == "FINISHED"
+
+
+def test_benchmark_reports_the_corpus_build(reference, tmp_path, data_dir):
+    from electra_ablate import bench
+
+    path, ref = reference
+    out = tmp_path / "bench.md"
+    rep = bench.main(["--quick", "--models", "tiny", "--sections", "build", "--seq-len", "64", "--build-workers", "2",
+                      "--build-paths", str(path), "--data-dir", str(data_dir), "--out", str(out)])
+    (row,) = rep.build
+    assert row["tokens"] == ref.meta["num_tokens"] and row["examples"] == ref.meta["num_examples"]
+    assert row["workers"] == 2 and row["cpu_s"] > 0 and row["tokens_per_s"] > 0
+    text = out.read_text()
+    assert "## Corpus build" in text and f"| head.txt | {path.stat().st_size / 2**20:.1f} | 2 |" in text

@@ -1,0 +1,361 @@
+"""Nothing lost, nothing stuck, nothing corrupted: the MLflow store under concurrent processes, half-migrated
+stores, one process and one run per identity, metrics exactly once across restarts, and (slow) SIGKILL at
+several points of pre-training and fine-tuning followed by a re-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from electra_ablate import store, tracking
+
+REPO = Path(__file__).resolve().parent.parent
+
+# One process of the concurrency test: open the store (creating it if it is new) and record `n` runs with a
+# three-step metric history each.
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from electra_ablate import tracking
+    uri, experiment, n, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    client = tracking.setup(uri, experiment)
+    for i in range(n):
+        run = tracking.RunLogger.start(client, experiment, f"{tag}-{i}", {"writer": tag}, {"i": str(i)})
+        for step in (1, 2, 3):
+            run.log_metrics({"train/loss": 1.0 / step}, step)
+        run.finish()
+    """
+)
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def write_concurrently(tmp: Path, processes: int, runs_each: int) -> tuple[MlflowClient, float]:
+    uri = f"sqlite:///{tmp}/new/mlflow.db"
+    tic = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, uri, "exp", str(runs_each), f"w{k}"], env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for k in range(processes)]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    seconds = time.perf_counter() - tic
+    for p, out in zip(procs, outputs):
+        assert p.returncode == 0, out[-3000:]
+    return MlflowClient(uri), seconds
+
+
+def check_all_recorded(client: MlflowClient, processes: int, runs_each: int) -> None:
+    exp = client.get_experiment_by_name("exp")
+    runs = client.search_runs([exp.experiment_id], max_results=10000)
+    assert len(runs) == processes * runs_each, f"{processes * runs_each - len(runs)} runs lost"
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for r in runs:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == [1, 2, 3]
+
+
+def test_processes_creating_a_new_store_together_lose_nothing(tmp_path):
+    client, _ = write_concurrently(tmp_path, processes=4, runs_each=3)
+    check_all_recorded(client, 4, 3)
+    assert store.inspect_sqlite(tmp_path / "new" / "mlflow.db") == (None, 12)
+
+
+@pytest.mark.slow
+def test_eight_processes_write_a_hundred_runs_to_a_new_store(tmp_path):
+    client, seconds = write_concurrently(tmp_path, processes=8, runs_each=13)  # 104 runs
+    check_all_recorded(client, 8, 13)
+    print(f"8 processes, 104 runs on a new SQLite store: 0 lost, {seconds:.1f} s")
+
+
+@pytest.fixture(scope="session")
+def template_store(tmp_path_factory) -> Path:
+    """A store with two runs, made once (MLflow's ~50 schema migrations take seconds); tests copy it."""
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    client = tracking.setup(f"sqlite:///{path}", "exp")
+    for i in range(2):
+        tracking.RunLogger.start(client, "exp", f"r{i}", {}).finish()
+    return path
+
+
+def copy_of(template: Path, tmp: Path) -> Path:
+    db = tmp / "mlflow.db"
+    db.write_bytes(template.read_bytes())
+    return db
+
+
+def test_a_half_migrated_store_with_runs_is_refused_with_how_to_recover(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
+    with sqlite3.connect(db) as con:  # what an interrupted alembic batch migration leaves behind
+        con.execute("create table _alembic_tmp_latest_metrics (key varchar(250))")
+    before = db.read_bytes()
+    with pytest.raises(store.StoreError) as error:
+        tracking.setup(f"sqlite:///{db}", "exp")
+    message = str(error.value)
+    assert "interrupted half-way" in message and "_alembic_tmp_latest_metrics" in message
+    assert "It holds 2 run(s)" in message and "mlflow db upgrade" in message and f"mv {db} {db}.broken" in message
+    assert db.read_bytes() == before  # refused, untouched
+
+
+def test_a_store_with_a_stale_schema_version_is_refused(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
+    with sqlite3.connect(db) as con:
+        con.execute("update alembic_version set version_num = '0a8213491aaa'")  # MLflow 1.x's first revision
+    with pytest.raises(store.StoreError, match="schema version is 0a8213491aaa.*mlflow db upgrade"):
+        tracking.setup(f"sqlite:///{db}", "exp")
+
+
+def test_a_store_from_a_newer_mlflow_says_so(tmp_path, template_store):
+    db = copy_of(template_store, tmp_path)
+    with sqlite3.connect(db) as con:
+        con.execute("update alembic_version set version_num = 'ffffffffffff'")
+    with pytest.raises(store.StoreError, match="written by a newer MLflow"):
+        tracking.setup(f"sqlite:///{db}", "exp")
+
+
+def test_a_half_created_store_without_runs_is_set_aside_and_recreated(tmp_path):
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:  # creation killed after the first tables
+        con.execute("create table experiments (experiment_id integer primary key, name varchar(256))")
+        con.execute("create table _alembic_tmp_runs (run_uuid varchar(32))")
+    client = tracking.setup(f"sqlite:///{db}", "exp")
+    tracking.RunLogger.start(client, "exp", "r", {}).finish()
+    assert store.inspect_sqlite(db) == (None, 1)
+    assert len(list(tmp_path.glob("mlflow.db.broken-*"))) == 1  # kept for inspection
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from electra_ablate.store import IdentityLock
+    with IdentityLock(sys.argv[1], "pre-training x"):
+        print("held", flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def test_a_second_process_with_the_same_identity_stops_with_a_clear_message(tmp_path):
+    lock = tmp_path / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(store.RunBusyError, match=rf"pre-training x is already running in pid {holder.pid} on .*kill {holder.pid}"):
+            with store.IdentityLock(lock, "pre-training x"):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with store.IdentityLock(lock, "pre-training x"):  # the kernel released the dead holder's lock
+        assert json.loads(lock.with_name("run.lock.owner").read_text())["pid"] == os.getpid()
+
+
+def test_an_adopted_run_logs_each_step_once(tmp_path):
+    client = tracking.setup(f"sqlite:///{tmp_path}/mlflow.db", "exp")
+    first = tracking.RunLogger.start(client, "exp", "r", {tracking.TAG_CONFIG_HASH: "h"})
+    for step in (1, 2, 3):
+        first.log_metrics({"train/loss": float(step), "dev/acc": 0.5}, step)
+    first.flush()  # then the process dies: the run stays RUNNING
+    (stale,) = tracking.runs_of_identity(client, "exp", "h")
+    again = tracking.RunLogger.adopt(client, stale, "resumed from step 2")
+    for step in (2, 3, 4, 5):  # a resume from a checkpoint at step 2 recomputes 3
+        again.log_metrics({"train/loss": float(step)}, step)
+    again.finish()
+    run = client.get_run(first.run_id)
+    assert [m.step for m in client.get_metric_history(first.run_id, "train/loss")] == [1, 2, 3, 4, 5]
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    assert json.loads(run.data.tags[tracking.TAG_RESTARTS])[0]["how"] == "resumed from step 2"
+
+
+def test_stale_running_runs_are_marked_killed_with_a_reason(tmp_path):
+    client = tracking.setup(f"sqlite:///{tmp_path}/mlflow.db", "exp")
+    a = tracking.RunLogger.start(client, "exp", "a", {tracking.TAG_CONFIG_HASH: "h"})
+    b = tracking.RunLogger.start(client, "exp", "b", {tracking.TAG_CONFIG_HASH: "h"})
+    assert tracking.retire_stale(client, tracking.runs_of_identity(client, "exp", "h"), keep=b.run_id) == [a.run_id]
+    old = client.get_run(a.run_id)
+    assert old.info.status == "KILLED" and f"superseded by run {b.run_id}" in old.data.tags[tracking.TAG_END_REASON]
+    assert client.get_run(b.run_id).info.status == "RUNNING"
+
+
+# --- fault injection: SIGKILL (and SIGTERM) at several points, then the same command again -------------------
+
+PRETRAIN_ARGS = ["objective=electra", "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=8",
+                 "logger.log_every_n_steps=4", "trainer.export_fractions=[0.5]"]
+
+
+def pretrain_command(root: Path, data_dir: Path, cache: Path) -> list[str]:
+    from conftest import TINY_PRETRAIN
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(root), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(cache), "hydra.run.dir": str(root / "run")}
+    return [sys.executable, "-m", "electra_ablate.pretrain", *PRETRAIN_ARGS, *(f"{k}={v}" for k, v in settings.items())]
+
+
+def finetune_command(root: Path, data_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "electra_ablate.finetune", "pretrained=none", "task=rte", "task.epochs=3",
+            "model.hidden_size=32", "model.embedding_size=32", "model.num_hidden_layers=2",
+            "model.num_attention_heads=2", "model.intermediate_size=64", "glue_data.max_seq_length=64",
+            "glue_data.batch_size=8", "glue_data.max_train_examples=96", "glue_data.max_eval_examples=32",
+            "logger.log_every_n_steps=2", "runtime.num_workers=0", "trainer.enable_progress_bar=false",
+            f"paths.root_dir={root}", f"paths.data_dir={data_dir}", f"hydra.run.dir={root / 'run'}"]
+
+
+def client_of(root: Path) -> MlflowClient:
+    return MlflowClient(f"sqlite:///{root}/outputs/mlflow.db")
+
+
+def all_runs(root: Path) -> list:
+    db = root / "outputs" / "mlflow.db"
+    if not db.is_file():
+        return []
+    try:
+        client = client_of(root)
+        return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    except Exception:  # noqa: BLE001 - the store is being created by the process under test
+        return []
+
+
+def run_to_completion(cmd: list[str]) -> None:
+    out = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-4000:]
+
+
+def kill_when(cmd: list[str], ready, sig: int = signal.SIGKILL, timeout: float = 900) -> float:
+    """Start `cmd`, send `sig` as soon as `ready()` is true; returns the seconds it ran."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tic = time.perf_counter()
+    try:
+        while not ready():
+            assert proc.poll() is None, f"finished before the fault could be injected: {proc.stderr.read()[-3000:]}"
+            assert time.perf_counter() - tic < timeout, "fault point never reached"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return time.perf_counter() - tic
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+
+@pytest.fixture(scope="module")
+def straight_pretraining(tmp_path_factory, data_dir, token_cache):
+    root = tmp_path_factory.mktemp("straight_pretrain")
+    run_to_completion(pretrain_command(root, data_dir, token_cache))
+    (run,) = all_runs(root)
+    return client_of(root), run
+
+
+def first_checkpoint(root: Path):
+    return lambda: any(root.glob("outputs/pretrain/*/*/checkpoints/last.ckpt"))
+
+
+def second_checkpoint(root: Path):
+    return lambda: any(root.glob("outputs/pretrain/*/*/checkpoints.json"))  # written at step 12, after ckpt 8
+
+
+def run_recorded(root: Path):
+    return lambda: any(r.info.status == "RUNNING" for r in all_runs(root))
+
+
+KILL_POINTS = {
+    "after the run is recorded, before any checkpoint": run_recorded,
+    "after the first checkpoint": first_checkpoint,
+    "after the half-way export": second_checkpoint,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("point", KILL_POINTS, ids=list(KILL_POINTS))
+def test_pretraining_killed_and_rerun_matches_a_straight_run(tmp_path, data_dir, token_cache, straight_pretraining,
+                                                             point, sig):
+    expected_client, expected = straight_pretraining
+    cmd = pretrain_command(tmp_path, data_dir, token_cache)
+    seconds = kill_when(cmd, KILL_POINTS[point](tmp_path), sig)
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in runs]
+    client, run = client_of(tmp_path), runs[0]
+    assert int(run.data.tags[tracking.TAG_ATTEMPTS]) == 2
+    for key in ("train/loss", "train/disc_loss", "train/masked_lm_accuracy", "train/disc_auc", "flops/total"):
+        got, want = history(client, run.info.run_id, key), history(expected_client, expected.info.run_id, key)
+        assert [s for s, _ in got] == [s for s, _ in want], (key, got, want)  # complete, each step once
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
+    print(f"pre-training, {sig.name} {point}: killed after {seconds:.1f} s; re-run matches the straight run")
+
+
+@pytest.fixture(scope="module")
+def straight_finetuning(tmp_path_factory, data_dir):
+    root = tmp_path_factory.mktemp("straight_finetune")
+    run_to_completion(finetune_command(root, data_dir))
+    (run,) = all_runs(root)
+    return client_of(root), run
+
+
+def has_metrics(root: Path):
+    return lambda: any(r.info.status == "RUNNING" and r.data.metrics for r in all_runs(root))
+
+
+FINETUNE_POINTS = {"after the run is recorded": run_recorded, "once metrics are in the store": has_metrics}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", FINETUNE_POINTS, ids=list(FINETUNE_POINTS))
+def test_finetuning_killed_and_rerun_restarts_in_the_same_run(tmp_path, data_dir, straight_finetuning, point):
+    expected_client, expected = straight_finetuning
+    cmd = finetune_command(tmp_path, data_dir)
+    kill_when(cmd, FINETUNE_POINTS[point](tmp_path))
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_id, r.info.status) for r in runs]
+    client, run = client_of(tmp_path), runs[0]
+    assert int(run.data.tags[tracking.TAG_ATTEMPTS]) == 2
+    assert "restarted from step 0 in place" in run.data.tags[tracking.TAG_RESTARTS]
+    for key in ("train/loss", "dev/accuracy", "final/score"):
+        got, want = history(client, run.info.run_id, key), history(expected_client, expected.info.run_id, key)
+        assert [s for s, _ in got] == [s for s, _ in want], (key, got, want)
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5, abs=1e-6), key
+
+
+# --- launchers: every launcher the docs name runs a multirun with the default runtime settings ---------------
+
+LAUNCHERS = {
+    "basic": [],
+    "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=60"],
+    "ray": ["hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=list(LAUNCHERS))
+def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_dir, token_cache, launcher):
+    from conftest import TINY_PRETRAIN
+
+    if launcher == "ray":
+        pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
+    # The default runtime group (runtime.num_workers=2: DataLoader worker processes inside launcher workers).
+    settings = {k: v for k, v in TINY_PRETRAIN.items() if not k.startswith("runtime.")}
+    settings.update({"paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir), "paths.cache_dir": str(token_cache),
+                     "trainer.max_steps": "4", "optim.warmup_steps": "1", "hydra.sweep.dir": str(tmp_path / "multirun")})
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", "-m", "objective=bert", "seed=0,1",
+           *(f"{k}={v}" for k, v in settings.items()), *LAUNCHERS[launcher]]
+    tic = time.perf_counter()
+    run_to_completion(cmd)
+    runs = all_runs(tmp_path)
+    assert sorted((r.data.tags["seed"], r.info.status) for r in runs) == [("0", "FINISHED"), ("1", "FINISHED")]
+    print(f"launcher {launcher}: 2 pre-training jobs in {time.perf_counter() - tic:.0f} s")
