@@ -549,8 +549,7 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         runs = [] if exp is None else client.search_runs(
             [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
             order_by=["attributes.start_time DESC"])
-        # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
-        finished = next((r for r in runs if r.info.status == "FINISHED" and not pretrain.missing_outputs(r)), None)
+        finished = next((r for r in runs if r.info.status == "FINISHED"), None)
         failed = None if finished is not None or not runs else runs[0]
         out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps)))
     return out
@@ -830,7 +829,8 @@ class SweepResult:
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
     states = pretrain_states(ctx, client)
-    todo = [s.job for s in states if s.run is None]
+    # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
+    todo = [s.job for s in states if s.run is None or pretrain.missing_outputs(s.run)]
     result = PhaseResult("pretrain", jobs=len(todo))
     if not todo:
         log.info("pre-training: all %d jobs already FINISHED", len(states))
