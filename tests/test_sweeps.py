@@ -334,7 +334,8 @@ variants:
 """
 # A variant whose every job fails inside training, after its MLflow run started: a NaN loss weight makes the
 # loss diverge at the first step.
-BROKEN = "  broken: {objective: electra, objective.disc_weight: .nan}"
+# Passes every check before launch (a NaN loss weight no longer does) and diverges at step 2: a FAILED run.
+BROKEN = "  broken: {objective: bert, optim.lr: 1.0e12, optim.warmup_steps: 0, optim.max_grad_norm: 1.0e30}"
 
 
 def run_cli(tmp_path: Path, data_dir: Path, cache: Path, sweep_file: Path, *extra: str) -> subprocess.CompletedProcess:
