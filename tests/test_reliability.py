@@ -210,17 +210,28 @@ def finetune_command(root: Path, data_dir: Path) -> list[str]:
 
 
 def client_of(root: Path) -> MlflowClient:
-    return MlflowClient(f"sqlite:///{root}/outputs/mlflow.db")
+    return store.open_client(f"sqlite:///{root}/outputs/mlflow.db")
 
 
 def all_runs(root: Path) -> list:
+    client = client_of(root)
+    return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+
+
+def polled(root: Path) -> list[tuple[str, int]]:
+    """(status, number of metric rows) of each run, read-only: a poller must never create or migrate the store
+    the process under test is creating (an MlflowClient would, without the lock)."""
     db = root / "outputs" / "mlflow.db"
     if not db.is_file():
         return []
     try:
-        client = client_of(root)
-        return [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
-    except Exception:  # noqa: BLE001 - the store is being created by the process under test
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("select status, (select count(*) from metrics m where m.run_uuid = r.run_uuid) "
+                               "from runs r").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:  # tables not created yet
         return []
 
 
@@ -268,7 +279,7 @@ def second_checkpoint(root: Path):
 
 
 def run_recorded(root: Path):
-    return lambda: any(r.info.status == "RUNNING" for r in all_runs(root))
+    return lambda: any(status == "RUNNING" for status, _ in polled(root))
 
 
 KILL_POINTS = {
@@ -307,7 +318,7 @@ def straight_finetuning(tmp_path_factory, data_dir):
 
 
 def has_metrics(root: Path):
-    return lambda: any(r.info.status == "RUNNING" and r.data.metrics for r in all_runs(root))
+    return lambda: any(status == "RUNNING" and n for status, n in polled(root))
 
 
 FINETUNE_POINTS = {"after the run is recorded": run_recorded, "once metrics are in the store": has_metrics}

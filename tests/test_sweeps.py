@@ -359,7 +359,8 @@ variants:
 """
 # A variant whose every job fails inside training, after its MLflow run started: a NaN loss weight makes the
 # loss diverge at the first step.
-BROKEN = "  broken: {objective: electra, objective.disc_weight: .nan}"
+# Passes every check before launch (a NaN loss weight no longer does) and diverges at step 2: a FAILED run.
+BROKEN = "  broken: {objective: bert, optim.lr: 1.0e12, optim.warmup_steps: 0, optim.max_grad_norm: 1.0e30}"
 
 
 def run_cli(tmp_path: Path, data_dir: Path, cache: Path, sweep_file: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -412,7 +413,9 @@ def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, 
     out = run_cli(tmp_path, data_dir, token_cache, path).stdout
     assert "pretrain: 2 job(s) launched" in out  # the broken variant is retried...
     again = kinds(uri, "mini")
-    assert len(again["pretrain"]) == 8 and len(again["finetune"]) == 8  # ...and fails again; the rest is skipped
+    # ...in its own run (one run per identity) and fails again; the rest is skipped.
+    assert len(again["pretrain"]) == 6 and len(again["finetune"]) == 8
+    assert sorted(r.data.tags["attempts"] for r in again["pretrain"] if r.data.tags["variant"] == "broken") == ["2", "2"]
     assert {r.info.run_id for r in again["finetune"]} == {r.info.run_id for r in ft}
 
 
