@@ -132,7 +132,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     # --- metrics ----------------------------------------------------------------------------------------
     def accumulate(self, out: ObjectiveOutput, batch: dict[str, torch.Tensor]) -> None:
         if self.device.type == "cpu":  # free on CPU (no device sync); GPUs check once per window
-            value = float(out.loss)
+            value = float(out.loss.detach())
             if not np.isfinite(value):
                 self.fail_non_finite(value, self.global_step + 1)  # the step being taken, 1-based as logged
             self.recent_losses.append((self.global_step + 1, value))
