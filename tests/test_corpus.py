@@ -111,7 +111,7 @@ def test_single_file_in_parallel_shards_equals_todays_build(reference, tmp_path,
     assert_same_examples(ref, build([path], tmp_path / "big", shard_chars=1 << 30))
 
 
-def test_whole_sample_equals_todays_build(tmp_path):
+def test_sample_at_length_128_equals_todays_build(tmp_path):
     ref = build_or_load(corpus=CORPUS, vocab_file=VOCAB, cache_dir=tmp_path / "a", max_docs=300)
     ours = C.build_or_load_corpus(C.TextFiles([CORPUS]), vocab_file=VOCAB, cache_dir=tmp_path / "b",
                                   max_docs=300, workers=2, shard_chars=1 << 17)
