@@ -3,7 +3,7 @@ byte, in any process on any machine.
 
 Why not `tokenizers.trainers.WordPieceTrainer`: it learns BPE merges and breaks ties between equally frequent
 pairs by internal ids that follow Rust hash-map iteration order, which is seeded per process, so two builds
-of one corpus give different pieces and different ids (huggingface/tokenizers issue 1794; the fix proposed in
+of one corpus give different pieces and different ids (huggingface/tokenizers#1794; the fix proposed in
 PR 2066 is not in tokenizers 0.23.3, the newest release when this was written). Here the same learning rule
 runs over word counts with every choice pinned down:
 
