@@ -131,7 +131,8 @@ def from_network(
     spec: str, net: ElectraForPretraining, info: dict, vocab_file: Path, cfg: DictConfig, client, run_id=None
 ) -> Pretrained:
     config = with_dropout(net.config, cfg)
-    state = {k: v.clone() for k, v in net.electra.state_dict().items()}
+    # A random-init arm needs only the shape: no copy of weights it will not load.
+    state = {} if cfg.random_init else {k: v.clone() for k, v in net.electra.state_dict().items()}
     run_id = run_id or info.get("run_id")
     tags = run_tags(client, run_id)
 

@@ -652,7 +652,7 @@ def key_of(ckpt: Checkpoint, task: str, seed: int) -> FinetuneKey:
 
 def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> list[Checkpoint]:
     """The random-init variants' checkpoints: one per final checkpoint of the variant each is shaped like."""
-    return [c._replace(variant=v.label, random_init=True, step=c.step, fraction=1.0)
+    return [c._replace(variant=v.label, random_init=True)
             for v in spec.variants if v.random_init_of is not None
             for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
 
