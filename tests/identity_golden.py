@@ -1,0 +1,59 @@
+"""Run identities of every shipped sweep, computed with fixed paths: the guard that keeps finished sweeps
+skipped when code moves. `python tests/identity_golden.py` rewrites tests/fixtures/identities.json; only do
+that for a change that is meant to alter identities, and ship a migration with it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from electra_ablate import finetune, tracking
+from electra_ablate import sweep as S
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"
+PATHS = {"root_dir": "/golden", "data_dir": "/golden/data", "output_root": "/golden/out", "cache_dir": "/golden/cache"}
+FAKE_RUN = "0" * 32
+
+
+def scales_of(path: Path) -> list[str | None]:
+    raw = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    return sorted(raw.get("scales") or {}) or [None]
+
+
+def current_identities(tmp: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in sorted((ROOT / "sweeps").glob("*.yaml")):
+        for scale in scales_of(path):
+            ctx = S.make_context(path, scale, PATHS, "sqlite:////golden/mlflow.db")
+            ctx = S.dataclasses.replace(ctx, workdir=tmp / path.stem / str(scale))
+            with S.compose_session():
+                ctx.write_pretrain_configs()
+                for v in ctx.spec.pretrained_variants:
+                    cfg = ctx.compose_pretrain(S.PretrainJob(v.label, ctx.spec.pretrain_seeds[0]))
+                    out[f"{path.stem}/{scale}/{v.label}/pretrain"] = tracking.config_hash(cfg)
+                for v in ctx.spec.variants:
+                    ckpt = (S.Checkpoint(v.label, None, None, None, True, None) if v.pretrained
+                            else S.Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,
+                                              random_init=v.random_init_of is not None))
+                    ctx.write_finetune_config(ckpt)
+                    task = ctx.spec.tasks[0]
+                    cfg = ctx.compose_finetune([ctx.searchpath, f"+{S.FINETUNE_GROUP}={ckpt.config_name}",
+                                                f"task={task}", "seed=0"])
+                    (name, task_cfg), = [t for t in finetune.selected_tasks(cfg)]
+                    spec = finetune.normalise_spec(cfg.pretrained)
+                    ident = finetune.run_identity(cfg, task_cfg, spec)
+                    out[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.config_hash(ident)
+    return out
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ids = current_identities(Path(tmp))
+    GOLDEN.write_text(json.dumps(ids, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(ids)} identities to {GOLDEN}", file=sys.stderr)

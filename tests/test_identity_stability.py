@@ -1,0 +1,14 @@
+"""Moving or renaming code must not change the identity of any run a shipped sweep makes: a finished sweep
+would otherwise be run again from scratch."""
+
+import json
+
+from identity_golden import GOLDEN, current_identities
+
+
+def test_every_shipped_sweep_keeps_its_run_identities(tmp_path):
+    golden = json.loads(GOLDEN.read_text())
+    now = current_identities(tmp_path)
+    assert set(now) == set(golden), "sweeps or variants changed: regenerate with python tests/identity_golden.py"
+    changed = {k: (golden[k], now[k]) for k in golden if golden[k] != now[k]}
+    assert not changed, f"run identities changed (golden, now): {changed}"
