@@ -30,13 +30,16 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import cli, glue, submit, tracking
-from electra_ablate import precision as precision_lib
-from electra_ablate.checkpoint import CheckpointError, encoder_config, load_pretrained
-from electra_ablate.data import load_tokenizer, read_vocab
-from electra_ablate.finetune_system import FinetuneSystem, GlueDataModule, OptimSettings
-from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig
-from electra_ablate.store import IdentityLock
+from electra_ablate.common import cli
+from electra_ablate.glue import tasks as glue
+from electra_ablate.glue import submit
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.common import precision as precision_lib
+from electra_ablate.models.checkpoint import CheckpointError, encoder_config, load_pretrained
+from electra_ablate.data.pretraining import load_tokenizer, read_vocab
+from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
+from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
+from electra_ablate.tracking.store import IdentityLock
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +186,7 @@ def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
                           None, 0, {}, None, model.get("name"))
     if spec.startswith("hf:"):
         try:
-            from electra_ablate.hf import import_pretrained  # needs transformers: imported only here
+            from electra_ablate.hf.interop import import_pretrained  # needs transformers: imported only here
         except ImportError as e:
             raise FinetuneError(
                 f"pretrained={spec} needs the Hugging Face extra (pip install 'electra-ablate[hf]'): {e}"
@@ -555,7 +558,7 @@ def run(cfg: DictConfig) -> float:
     return result.score
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
+@hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="finetune")
 def main(cfg: DictConfig) -> float:
     return run(cfg)
 

@@ -20,14 +20,17 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import cli, fast, precision, tracking
-from electra_ablate.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
-from electra_ablate.corpus import corpus_budget, passes_warning
-from electra_ablate.data import PretrainDataModule
-from electra_ablate.flops import STAGES, pretrain_flops_per_step
-from electra_ablate.model import ElectraForPretraining, EncoderConfig, share_weights
+from electra_ablate.common import cli
+from electra_ablate.models import fast
+from electra_ablate.common import precision
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
+from electra_ablate.data.corpus import corpus_budget, passes_warning
+from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, share_weights
 from electra_ablate.objectives.base import SpecialIds
-from electra_ablate.store import IdentityLock
+from electra_ablate.tracking.store import IdentityLock
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +386,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     return run.run_id
 
 
-@hydra.main(config_path="../conf", config_name="pretrain", version_base="1.3")
+@hydra.main(config_path=str(cli.CONF_DIR), config_name="pretrain", version_base="1.3")
 def main(cfg: DictConfig) -> str | None:
     return train(cfg)
 

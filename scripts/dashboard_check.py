@@ -1,7 +1,7 @@
 """Check in a real headless browser that the MLflow dashboard of a sweep opens on its runs table.
 
 The harness tags every experiment it creates `mlflow.experimentKind=custom_model_development`
-(electra_ablate.tracking.setup). MLflow 3.17's UI, however, picks an experiment's view from its global
+(electra_ablate.tracking.runs.setup). MLflow 3.17's UI, however, picks an experiment's view from its global
 GenAI / Model training switch (browser storage `mlflow.workflowType`, GenAI by default, or the URL query
 `workflowType=machine_learning`), not from the tag; so the reports link the dashboard with that query. This
 script:
@@ -39,7 +39,7 @@ from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from electra_ablate import tracking  # noqa: E402
+from electra_ablate.tracking import runs as tracking  # noqa: E402
 
 MINI = """
 name: dashboard

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from electra_ablate import finetune, tracking
-from electra_ablate import sweep as S
+from electra_ablate import finetune
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.sweep import runner as S
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"

@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import flops, pretrain, sweep
+from electra_ablate import pretrain
+from electra_ablate.models import flops
+from electra_ablate.sweep import runner as sweep
 from electra_ablate.algorithms.adversarial import baseline_loss, reinforce_loss
 from electra_ablate.algorithms.two_stage import TwoStage
-from electra_ablate.checkpoint import load_pretrained
+from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.objectives.base import SpecialIds
 from electra_ablate.objectives.electra import Electra
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 from types import SimpleNamespace as NS
 
-from electra_ablate import arms, multibootstrap as mb, tracking
-from electra_ablate.sweep import PretrainJob, PretrainState, Variant
-from electra_ablate.verdicts import Claim, Verdict
+from electra_ablate.report import arms
+from electra_ablate.report import multibootstrap as mb
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.sweep.runner import PretrainJob, PretrainState, Variant
+from electra_ablate.report.verdicts import Claim, Verdict
 
 SHAPE = {"model.embedding_size": "64", "model.hidden_size": "128", "model.num_hidden_layers": "4",
          "model.num_attention_heads": "2", "model.intermediate_size": "512"}

@@ -11,11 +11,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from electra_ablate import cli, export, finetune, glue, pretrain, sweep, tracking
-from electra_ablate.checkpoint import save_pretrained
-from electra_ablate.data import DataError
-from electra_ablate.hf import HFInteropError
-from electra_ablate.model import ElectraForPretraining, EncoderConfig
+from electra_ablate import export, finetune, pretrain
+from electra_ablate.common import cli
+from electra_ablate.glue import tasks as glue
+from electra_ablate.sweep import runner as sweep
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.models.checkpoint import save_pretrained
+from electra_ablate.data.pretraining import DataError
+from electra_ablate.hf.interop import HFInteropError
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", reason="the benchmark's reference is built from transformers")
 
-from electra_ablate import bench, fast  # noqa: E402
-from electra_ablate.model import ElectraForPretraining, EncoderConfig  # noqa: E402
+from electra_ablate.models import fast  # noqa: E402
+from electra_ablate.bench import runner as bench
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
 
 # 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the real sample; the full
 # BERT vocabulary, so the reference's all-position logits are the real (B, T, 30522) shape.
@@ -73,7 +74,7 @@ def test_equal_work_check_passes_on_real_batches(quick_report):
 
 
 def test_the_report_names_the_cpu_and_what_auto_resolves_to(quick_report):
-    from electra_ablate import precision
+    from electra_ablate.common import precision
 
     text = quick_report[1].read_text()
     assert precision.describe_cpu() in text
@@ -138,7 +139,7 @@ def test_compiled_pretraining_logs_its_compile_time(tmp_path, data_dir):
     from mlflow.tracking import MlflowClient
 
     from electra_ablate import pretrain
-    from electra_ablate.checkpoint import load_pretrained
+    from electra_ablate.models.checkpoint import load_pretrained
 
     with initialize_config_dir(config_dir=str(bench.CONF_DIR), version_base="1.3"):
         cfg = compose("pretrain", overrides=[
@@ -167,7 +168,7 @@ def test_bad_precision_fails_before_compute(data_dir):
                                              ({"avx2", "amx_bf16"}, ("32-true", "bf16-mixed")),
                                              ({"avx2"}, ("32-true",))])
 def test_default_precisions_follow_the_cpu(monkeypatch, data_dir, flags, expected):
-    from electra_ablate import precision
+    from electra_ablate.common import precision
 
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset(flags))
     settings, _ = bench.parse_args(["--device", "cpu", "--data-dir", str(data_dir)])

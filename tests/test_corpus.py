@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import corpus as C
-from electra_ablate import data as D
+from electra_ablate.data import corpus as C
+from electra_ablate.data import pretraining as D
 from electra_ablate import pretrain
-from electra_ablate import wordpiece_shards as W
-from electra_ablate.data import DataError, build_or_load
+from electra_ablate.data import wordpiece_shards as W
+from electra_ablate.data.pretraining import DataError, build_or_load
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -97,7 +97,7 @@ def write_formats(folder: Path, docs: list[list[str]]) -> list[Path]:
 def test_single_file_in_parallel_shards_equals_todays_build(reference, tmp_path, monkeypatch, caplog):
     path, ref = reference
     monkeypatch.setattr(C, "PROGRESS_SECONDS", 0.0)
-    with caplog.at_level(logging.INFO, logger="electra_ablate.corpus"):
+    with caplog.at_level(logging.INFO, logger="electra_ablate.data.corpus"):
         ours = build([path], tmp_path, workers=2)
     assert ours.meta["num_shards"] >= 4 and ours.meta["build_workers"] == 2
     assert_same_examples(ref, ours)
@@ -318,7 +318,7 @@ def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):
 
 
 def test_benchmark_reports_the_corpus_build(reference, tmp_path, data_dir):
-    from electra_ablate import bench
+    from electra_ablate.bench import runner as bench
 
     path, ref = reference
     out = tmp_path / "bench.md"

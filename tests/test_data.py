@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from electra_ablate import data as D
-from electra_ablate.data import DataError, ExampleBuilder, PretrainDataModule, build_or_load
+from electra_ablate.data import pretraining as D
+from electra_ablate.data.pretraining import DataError, ExampleBuilder, PretrainDataModule, build_or_load
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -414,4 +414,4 @@ def test_real_config_instantiates_the_datamodule(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         wiki = compose("pretrain", overrides=[f"paths.data_dir={DATA}", "data=wiki"]).data
     assert wiki.corpus == f"{DATA}/corpus/enwiki_2014_slice.txt.xz" and wiki.batch_size == 128
-    assert wiki._target_ == "electra_ablate.data.PretrainDataModule" and wiki.short_seq_prob == 0.05
+    assert wiki._target_ == "electra_ablate.data.pretraining.PretrainDataModule" and wiki.short_seq_prob == 0.05

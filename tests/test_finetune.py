@@ -19,10 +19,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
-from electra_ablate import finetune, glue, tracking
-from electra_ablate.checkpoint import save_pretrained
-from electra_ablate.finetune_system import FinetuneSystem, OptimSettings, layerwise_param_groups
-from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig
+from electra_ablate import finetune
+from electra_ablate.glue import tasks as glue
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.models.checkpoint import save_pretrained
+from electra_ablate.glue.system import FinetuneSystem, OptimSettings, layerwise_param_groups
+from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
@@ -309,14 +311,14 @@ def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, mo
     tree = ast.parse((REPO / "electra_ablate" / "finetune.py").read_text())
     top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | {
         n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    assert not {"transformers", "electra_ablate.hf"} & top_level  # fine-tuning works without transformers
+    assert not {"transformers", "electra_ablate.hf.interop"} & top_level  # fine-tuning works without transformers
 
     torch.manual_seed(1)
     net = ElectraForPretraining(TINY, disc_head=True)
     calls = []
-    fake = types.ModuleType("electra_ablate.hf")
+    fake = types.ModuleType("electra_ablate.hf.interop")
     fake.import_pretrained = lambda spec, cache_dir=None: calls.append(spec) or (net, {"model_name": "base", "do_lower_case": False}, VOCAB)
-    monkeypatch.setitem(sys.modules, "electra_ablate.hf", fake)
+    monkeypatch.setitem(sys.modules, "electra_ablate.hf.interop", fake)
     cfg = config(tmp_path, uri, "hf", "pretrained=hf:google/electra-small-discriminator")
     p = finetune.resolve_pretrained(cfg, client)
     assert calls == ["google/electra-small-discriminator"]

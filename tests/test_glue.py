@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
-from electra_ablate import glue
-from electra_ablate.data import load_tokenizer
-from electra_ablate.finetune_system import LengthBucketBatchSampler, collate, sorted_batches
+from electra_ablate.glue import tasks as glue
+from electra_ablate.data.pretraining import load_tokenizer
+from electra_ablate.glue.system import LengthBucketBatchSampler, collate, sorted_batches
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

@@ -10,9 +10,10 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # never download; must be set before huggingface_hub is imported
 transformers = pytest.importorskip("transformers", reason="transformers is the optional extra 'hf'")
 
-from electra_ablate import checkpoint, hf  # noqa: E402
+from electra_ablate.hf import interop as hf  # noqa: E402
+from electra_ablate.models import checkpoint
 from electra_ablate.export import main as export_main  # noqa: E402
-from electra_ablate.model import ElectraForPretraining, EncoderConfig, share_weights  # noqa: E402
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, share_weights  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data"))

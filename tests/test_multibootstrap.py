@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from electra_ablate import finetune, glue
-from electra_ablate import multibootstrap as mb
+from electra_ablate import finetune
+from electra_ablate.glue import tasks as glue
+from electra_ablate.report import multibootstrap as mb
 
 
 def synthetic_arm(rng, accuracy: float, groups: int, seeds: int, n: int = 400, labels=None, group_sd: float = 0.0,

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy import stats
 
-from electra_ablate.generators import NeuralGenerator, UniformGenerator, UnigramGenerator
-from electra_ablate.model import ElectraForPretraining, EncoderConfig, Networks, share_weights
+from electra_ablate.generators.neural import NeuralGenerator, UniformGenerator, UnigramGenerator
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks, share_weights
 from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM, copy_distribution, copy_log_prob
 from electra_ablate.objectives.base import Batch, SpecialIds, mask_tokens, maskable, sample_tokens
 from electra_ablate.objectives.bert import Bert

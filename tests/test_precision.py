@@ -12,9 +12,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import finetune, precision, pretrain, tracking
-from electra_ablate.checkpoint import save_pretrained
-from electra_ablate.model import ElectraForPretraining, EncoderConfig
+from electra_ablate import finetune, pretrain
+from electra_ablate.common import precision
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.models.checkpoint import save_pretrained
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()  # as conftest

@@ -12,8 +12,8 @@ from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
-from electra_ablate.checkpoint import load_pretrained
-from electra_ablate.system import TrainingError
+from electra_ablate.models.checkpoint import load_pretrained
+from electra_ablate.training.system import TrainingError
 
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import store, tracking
+from electra_ablate.tracking import store
+from electra_ablate.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 WRITER = textwrap.dedent(
     """
     import sys
-    from electra_ablate import tracking
+    from electra_ablate.tracking import runs as tracking
     uri, experiment, n, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     client = tracking.setup(uri, experiment)
     for i in range(n):
@@ -136,7 +137,7 @@ def test_a_half_created_store_without_runs_is_set_aside_and_recreated(tmp_path):
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from electra_ablate.store import IdentityLock
+    from electra_ablate.tracking.store import IdentityLock
     with IdentityLock(sys.argv[1], "pre-training x"):
         print("held", flush=True)
         time.sleep(120)

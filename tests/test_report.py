@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import report, sweep, tracking
+from electra_ablate.report import build as report
+from electra_ablate.sweep import runner as sweep
+from electra_ablate.tracking import runs as tracking
 
 SWEEP_FILE = """
 name: mini

@@ -28,7 +28,7 @@ def fresh_env(hash_seed: int) -> dict[str, str]:
 
 
 def vocab_in_new_process(corpus: Path, cache_dir: Path, hash_seed: int) -> str:
-    code = ("import sys; from electra_ablate.data import train_vocab; "
+    code = ("import sys; from electra_ablate.data.pretraining import train_vocab; "
             "print(train_vocab(sys.argv[1], sys.argv[2], 1000, max_docs=300))")
     out = subprocess.run([sys.executable, "-c", code, str(corpus), str(cache_dir)], env=fresh_env(hash_seed),
                          capture_output=True, text=True, check=True, timeout=300)
@@ -77,8 +77,8 @@ def run_entry_point(module: str, root: Path, data_dir: Path, hash_seed: int, *ov
 def test_same_config_gives_the_same_vocabulary_examples_weights_and_score(data_dir, tmp_path):
     import torch
 
-    from electra_ablate import tracking
-    from electra_ablate.checkpoint import MODEL_NAME, VOCAB_NAME
+    from electra_ablate.tracking import runs as tracking
+    from electra_ablate.models.checkpoint import MODEL_NAME, VOCAB_NAME
 
     runs = [run_entry_point("electra_ablate.pretrain", tmp_path / f"pretrain{i}", data_dir, seed, *PRETRAIN)
             for i, seed in enumerate((11, 22))]

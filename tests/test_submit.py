@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from electra_ablate import finetune, glue, submit, tracking
+from electra_ablate import finetune
+from electra_ablate.glue import tasks as glue
+from electra_ablate.glue import submit
+from electra_ablate.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

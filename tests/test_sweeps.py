@@ -16,8 +16,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import flops, sweep
-from electra_ablate.model import EncoderConfig
+from electra_ablate.models import flops
+from electra_ablate.sweep import runner as sweep
+from electra_ablate.models.encoder import EncoderConfig
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
@@ -191,7 +192,7 @@ def test_launcher_overrides_are_handed_on():
 
 
 @pytest.mark.parametrize("preset, check", [
-    ("joblib_gpu", lambda h: h.launcher._target_.endswith("JoblibLauncher") and h.callbacks.gpu_slot._target_ == "electra_ablate.sweep.GpuSlot"),
+    ("joblib_gpu", lambda h: h.launcher._target_.endswith("JoblibLauncher") and h.callbacks.gpu_slot._target_ == "electra_ablate.sweep.runner.GpuSlot"),
     ("slurm_gpu", lambda h: h.launcher._target_.endswith("SlurmLauncher") and h.launcher.gpus_per_node == 1),
     ("ray_gpu", lambda h: h.launcher.ray.remote.num_gpus == 1),
 ])
@@ -233,7 +234,7 @@ def test_gpu_candidates_spread_jobs_and_keep_a_bound_process_on_its_gpu():
 HOLDER = """
 import sys, time, os
 from pathlib import Path
-from electra_ablate.sweep import GpuSlot
+from electra_ablate.sweep.runner import GpuSlot
 slot = GpuSlot(lock_dir=sys.argv[1], poll_s=0.05, gpus="a,b")
 gpu = slot.acquire(int(sys.argv[2]))
 print(gpu, os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
@@ -295,7 +296,7 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
 
 RUNNER = """
 import sys
-from electra_ablate.sweep import launch
+from electra_ablate.sweep.runner import launch
 child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 launch([sys.executable, "-c", child, sys.argv[1]], dry_run=False)
 """

@@ -12,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from electra_ablate import expected_max, finetune, glue, report, sweep, tracking, verdicts
+from electra_ablate import finetune
+from electra_ablate.report import expected_max
+from electra_ablate.glue import tasks as glue
+from electra_ablate.report import build as report
+from electra_ablate.sweep import runner as sweep
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.report import verdicts
 
 SWEEP_FILE = """
 name: claims_mini

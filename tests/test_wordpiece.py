@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from electra_ablate import data as D
-from electra_ablate import wordpiece as W
+from electra_ablate.data import pretraining as D
+from electra_ablate.data import wordpiece as W
 
 SPECIALS = list(D.SPECIAL_TOKENS)
 

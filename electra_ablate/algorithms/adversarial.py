@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from electra_ablate.algorithms.manual import ManualSystem
-from electra_ablate.model import ElectraForPretraining
+from electra_ablate.models.encoder import ElectraForPretraining
 from electra_ablate.objectives.base import (
     Batch, Fake, ObjectiveOutput, disc_sums, mlm_loss, ratio, rtd_loss, sample_tokens,
 )

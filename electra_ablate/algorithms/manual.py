@@ -18,8 +18,8 @@ from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import nn
 
 from electra_ablate.objectives.electra import Electra
-from electra_ablate.optim import adamw, linear_warmup_decay, unique_parameters
-from electra_ablate.system import PretrainSystem
+from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
+from electra_ablate.training.system import PretrainSystem
 
 
 class ManualSystem(PretrainSystem):

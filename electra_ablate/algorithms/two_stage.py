@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from electra_ablate.algorithms.manual import ManualSystem
-from electra_ablate.model import ElectraForPretraining, Networks
+from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, ObjectiveOutput, ratio
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from electra_ablate.model import Networks
+from electra_ablate.models.encoder import Networks
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, ratio
 
 

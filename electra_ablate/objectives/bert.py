@@ -6,7 +6,7 @@ selected positions only.
 
 from __future__ import annotations
 
-from electra_ablate.model import Networks
+from electra_ablate.models.encoder import Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, mlm_loss, ratio
 
 

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from electra_ablate.model import Networks
+from electra_ablate.models.encoder import Networks
 from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, SpecialIds, disc_sums, ratio, rtd_loss
 
 

@@ -7,7 +7,7 @@ position, replaced or not. Loss = gen_weight x generator MLM + model MLM.
 
 from __future__ import annotations
 
-from electra_ablate.model import Networks
+from electra_ablate.models.encoder import Networks
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, mlm_loss, ratio
 
 

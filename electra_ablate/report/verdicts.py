@@ -28,8 +28,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from electra_ablate import glue
-from electra_ablate import multibootstrap as mb
+from electra_ablate.glue import tasks as glue
+from electra_ablate.report import multibootstrap as mb
 
 CLAIMS = Path(__file__).with_name("claims.yaml")
 PREDICTIONS_ARTIFACT = "predictions/dev_predictions.tsv"  # written by finetune.train_task

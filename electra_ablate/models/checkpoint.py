@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from electra_ablate.model import ElectraForPretraining, EncoderConfig
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 
 CONFIG_NAME = "config.json"
 MODEL_NAME = "model.pt"

@@ -21,9 +21,9 @@ from omegaconf import DictConfig
 from torch import nn
 from torchmetrics.classification import BinaryAUROC
 
-from electra_ablate.model import ElectraForPretraining, Networks
+from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
-from electra_ablate.optim import adamw, linear_warmup_decay, unique_parameters
+from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
 class TrainingError(RuntimeError):

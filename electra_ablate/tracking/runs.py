@@ -23,7 +23,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import store
+from electra_ablate.tracking import store
 
 # Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
 # "impl" group): they are left out of the run identity.
@@ -69,7 +69,7 @@ def default_tracking_uri() -> str:
     `<checkout>/outputs/mlflow.db`, whatever the working directory."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    root = Path(os.environ.get("ELECTRA_ABLATE_ROOT") or Path(__file__).resolve().parent.parent)
+    root = Path(os.environ.get("ELECTRA_ABLATE_ROOT") or Path(__file__).resolve().parents[2])
     home = Path(os.environ.get("ELECTRA_ABLATE_HOME") or root / "outputs")
     return f"sqlite:///{home.expanduser().resolve()}/mlflow.db"
 
@@ -108,9 +108,39 @@ def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     return client
 
 
+# Where a class chosen by `_target_` lived when run identities were first recorded. A `_target_` says where
+# code lives, not what it computes, so moving a class must not change the identity of runs that use it (they
+# would be trained again): identities hash the old path of a moved class, and leave out the `_target_` of a
+# config group that had none (value None). tests/test_identity_stability.py holds every shipped sweep to this.
+IDENTITY_TARGETS: dict[str, str | None] = {
+    "electra_ablate.training.system.PretrainSystem": "electra_ablate.system.PretrainSystem",
+    "electra_ablate.data.corpus.HFDatasetDataModule": "electra_ablate.corpus.HFDatasetDataModule",
+    "electra_ablate.data.corpus.TextFilesDataModule": "electra_ablate.corpus.TextFilesDataModule",
+    "electra_ablate.data.pretraining.PretrainDataModule": "electra_ablate.data.PretrainDataModule",
+    "electra_ablate.generators.neural.NeuralGenerator": "electra_ablate.generators.NeuralGenerator",
+    "electra_ablate.generators.neural.UniformGenerator": "electra_ablate.generators.UniformGenerator",
+    "electra_ablate.generators.neural.UnigramGenerator": "electra_ablate.generators.UnigramGenerator",
+}
+
+
+def _legacy_targets(node):
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            if k == "_target_" and isinstance(v, str) and v in IDENTITY_TARGETS:
+                if IDENTITY_TARGETS[v] is not None:
+                    out[k] = IDENTITY_TARGETS[v]
+            else:
+                out[k] = _legacy_targets(v)
+        return out
+    if isinstance(node, list):
+        return [_legacy_targets(v) for v in node]
+    return node
+
+
 def identity(cfg: DictConfig) -> dict:
     """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
-    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    container = _legacy_targets(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
     assert isinstance(container, dict)
     out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
     if isinstance(out.get("trainer"), dict):
@@ -150,7 +180,7 @@ def flatten(d: Mapping, prefix: str = "") -> dict[str, str]:
 
 def git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parent.parent
+        root = Path(__file__).resolve().parents[2]
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
         ).stdout.strip()

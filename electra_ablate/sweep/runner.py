@@ -50,11 +50,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import cli, pretrain, tracking
+from electra_ablate import pretrain
+from electra_ablate.common import cli
+from electra_ablate.tracking import runs as tracking
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO_ROOT / "conf"
 SWEEPS_DIR = REPO_ROOT / "sweeps"
 PRETRAIN_GROUP = "sweep_variant"  # generated config group of the pre-training phase
@@ -924,7 +926,7 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
 
 def available_tasks(ctx: SweepContext) -> list[str] | None:
     """GLUE tasks with local data when fine-tuning reads TSVs (None = the HF loader, anything goes)."""
-    from electra_ablate import glue
+    from electra_ablate.glue import tasks as glue
 
     cfg = ctx.compose_finetune()
     if cfg.glue_data.source != "tsv":
@@ -1005,7 +1007,7 @@ def run_sweep(
                                                             "command": shell_join(r.command)}) for r in results})
             record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
         if "report" in phases and not dry_run:
-            from electra_ablate.report import write_report
+            from electra_ablate.report.build import write_report
 
             report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
                                        running_sweep_run=record.run_id if record else None,
@@ -1036,7 +1038,7 @@ def launcher_overrides(hydra_overrides: Sequence[str]) -> list[str]:
     return [o for o in hydra_overrides if o.lstrip("+~").startswith(LAUNCHER_PREFIXES)]
 
 
-@hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
+@hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
 def main(cfg: DictConfig) -> str | None:
     ctx = context_from_cfg(cfg)
     hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]

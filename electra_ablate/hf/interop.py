@@ -26,10 +26,10 @@ from typing import NamedTuple
 
 import torch
 
-from electra_ablate.checkpoint import VOCAB_NAME, load_pretrained, read_info
-from electra_ablate.model import ElectraForPretraining, EncoderConfig
+from electra_ablate.models.checkpoint import VOCAB_NAME, load_pretrained, read_info
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 
-CONF_MODEL_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF_MODEL_DIR = Path(__file__).resolve().parents[2] / "conf" / "model"
 EXPORT_INFO_NAME = "export_info.json"
 SUPPORTED_MODEL_TYPES = ("electra", "bert")
 # The config fields that make a model size (conf/model/*.yaml); used to name an imported model.

@@ -45,7 +45,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from electra_ablate import glue
+from electra_ablate.glue import tasks as glue
 
 SAMPLES = 1000
 SEED = 0

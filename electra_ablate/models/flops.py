@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from electra_ablate.model import EncoderConfig
+from electra_ablate.models.encoder import EncoderConfig
 
 # Per-element costs of the cheap operations, as the reference assumes them (they touch O(hidden) values, so
 # the matrix multiplies dominate and these constants barely matter).

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from electra_ablate import data as D
-from electra_ablate import wordpiece_shards as W
-from electra_ablate.data import DataError, ExampleBuilder, PretrainDataModule, SpecialTokens
+from electra_ablate.data import pretraining as D
+from electra_ablate.data import wordpiece_shards as W
+from electra_ablate.data.pretraining import DataError, ExampleBuilder, PretrainDataModule, SpecialTokens
 
 log = logging.getLogger(__name__)
 

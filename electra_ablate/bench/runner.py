@@ -51,16 +51,17 @@ from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from electra_ablate import fast, pretrain
-from electra_ablate import precision as precision_lib
-from electra_ablate.data import PretrainDataModule
-from electra_ablate.flops import pretrain_flops_per_step
-from electra_ablate.hf import electra_config, to_transformers_state_dict
-from electra_ablate.model import ElectraForPretraining, ElectraModel, EncoderConfig, Networks
+from electra_ablate import pretrain
+from electra_ablate.models import fast
+from electra_ablate.common import precision as precision_lib
+from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.models.flops import pretrain_flops_per_step
+from electra_ablate.hf.interop import electra_config, to_transformers_state_dict
+from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig, Networks
 from electra_ablate.objectives.base import Batch, SpecialIds, mask_tokens
-from electra_ablate.optim import adamw, linear_warmup_decay, unique_parameters
+from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 DEFAULT_OUT = REPO / "reports" / "benchmarks.md"
 NO_GPU_NOTE = "no GPU was available in this session"
@@ -472,14 +473,14 @@ def _call_site() -> tuple[str, str]:
     """(where in this package, innermost library frame) of the current operation, for the report."""
     frames = [f for f in traceback.extract_stack()[:-3]
               if not any(x in f.filename for x in ("torch/_dynamo", "torch/_compile", "torch/utils/_python_dispatch"))]
-    pkg = str(Path(__file__).parent)
+    pkg = str(Path(__file__).parents[1])
 
     def fmt(f) -> str:
         path = str(Path(f.filename).relative_to(REPO)) if f.filename.startswith(str(REPO) + "/electra_ablate") \
             else f.filename.split("site-packages/")[-1]
         return f"{path}:{f.lineno} `{(f.line or '').strip()[:80]}`"
 
-    ours = next((f for f in reversed(frames) if f.filename.startswith(pkg) and not f.filename.endswith("bench.py")), None)
+    ours = next((f for f in reversed(frames) if f.filename.startswith(pkg) and "/bench/" not in f.filename), None)
     lib = next((f for f in reversed(frames) if "site-packages" in f.filename), None)
     if ours is None and lib is not None:  # called from the step itself: name the phase
         phase = next((v for k, v in (("torch/autograd", "backward pass"), ("torch/optim", "optimizer step"),
@@ -826,9 +827,9 @@ def section_bert(s: Settings, rep: Report, model: str) -> None:
 def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst2") -> None:
     """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs,
     at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
-    from electra_ablate import glue
-    from electra_ablate.data import load_tokenizer
-    from electra_ablate.finetune_system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
+    from electra_ablate.glue import tasks as glue
+    from electra_ablate.data.pretraining import load_tokenizer
+    from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
                                                 layerwise_param_groups)
 
     cfg = compose_config(s, model)
@@ -920,7 +921,7 @@ def section_data(s: Settings, rep: Report, model: str) -> None:
 
 def section_build(s: Settings, rep: Report) -> None:
     """A cold corpus build (data=text_files): word pieces per second, wall clock and per CPU-second."""
-    from electra_ablate.corpus import TextFiles, build_or_load_corpus
+    from electra_ablate.data.corpus import TextFiles, build_or_load_corpus
 
     if s.build_paths:
         paths = list(s.build_paths)
@@ -1035,7 +1036,7 @@ def render(rep: Report) -> str:
         f"- Hardware: {m['cpu']} ({m['cores']} cores; {m['isa']}); torch threads: {m['threads']}; "
         f"GPU: {m['gpu'] or 'none (' + NO_GPU_NOTE + ')'}",
         f"- CPU bf16 support: {m['cpu_bf16']}; `runtime.precision=auto` resolves to "
-        f"{precision_lib.resolve('auto', s.device.type)} here (`electra_ablate/precision.py`); precisions timed: "
+        f"{precision_lib.resolve('auto', s.device.type)} here (`electra_ablate/common/precision.py`); precisions timed: "
         f"{', '.join(s.precisions)}",
         f"- Software: Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, "
         f"pytorch-lightning {m['lightning']}; {m['os']}",
@@ -1061,7 +1062,7 @@ def render(rep: Report) -> str:
             "(AdamW, same parameter groups and fused setting, clipping 1.0). All rows of a config are interleaved "
             "step by step on the same batches; speed-up = the transformers step at the same precision / this row's "
             "step. FLOPs/step (paper) is "
-            "`electra_ablate.flops.pretrain_flops_per_step` (paper accounting: backward = forward, embeddings as "
+            "`electra_ablate.models.flops.pretrain_flops_per_step` (paper accounting: backward = forward, embeddings as "
             "one-hot matmuls); executed FLOPs are counted by `torch.utils.flop_counter` over one step of that "
             "implementation (matmuls and attention, backward included). Share of peak = achieved FLOP/s divided "
             "by the best matmul rate measured at the model's shapes in this run, in the row's precision (fp32 "

@@ -28,8 +28,13 @@ import pandas as pd
 import yaml
 from omegaconf import DictConfig
 
-from electra_ablate import arms, cli, expected_max, glue, tracking, verdicts
-from electra_ablate.sweep import (
+from electra_ablate.report import arms
+from electra_ablate.common import cli
+from electra_ablate.report import expected_max
+from electra_ablate.glue import tasks as glue
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.report import verdicts
+from electra_ablate.sweep.runner import (
     random_init_checkpoints,
     Checkpoint,
     FinetuneKey,
@@ -785,7 +790,7 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
     return report_dir / f"{name}.md"
 
 
-@hydra.main(config_path="../conf", config_name="sweep", version_base="1.3")
+@hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
 def main(cfg: DictConfig) -> str:
     ctx = context_from_cfg(cfg)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)

@@ -9,7 +9,7 @@ import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from electra_ablate import tracking
+from electra_ablate.tracking import runs as tracking
 
 # Pre-training params that fix the encoder's shape (the pretrain config's `model` group).
 SHAPE_KEYS = ("model.embedding_size", "model.hidden_size", "model.num_hidden_layers", "model.num_attention_heads",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from electra_ablate.model import ElectraForPretraining, EncoderConfig
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.objectives.base import SpecialIds
 
 

@@ -32,7 +32,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from torch.utils.data import DataLoader, IterableDataset
 
-from electra_ablate import wordpiece
+from electra_ablate.data import wordpiece
 
 # Bump when the example rule or the stored layout changes: old caches are then rebuilt, never misread.
 FORMAT_VERSION = 1

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from electra_ablate.data import worker_context
-from electra_ablate.glue import Features, TaskSpec, compute_metrics
-from electra_ablate.model import ElectraModel
-from electra_ablate.optim import linear_warmup_decay, no_decay
-from electra_ablate.system import FusedClipping
+from electra_ablate.data.pretraining import worker_context
+from electra_ablate.glue.tasks import Features, TaskSpec, compute_metrics
+from electra_ablate.models.encoder import ElectraModel
+from electra_ablate.training.optim import linear_warmup_decay, no_decay
+from electra_ablate.training.system import FusedClipping
 
 # --- layer-wise learning rates -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from electra_ablate.model import ElectraSelfAttention
+from electra_ablate.models.encoder import ElectraSelfAttention
 
 log = logging.getLogger(__name__)
 
