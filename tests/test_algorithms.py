@@ -27,6 +27,8 @@ from electra_ablate.algorithms.two_stage import TwoStage
 from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.objectives.base import SpecialIds
 from electra_ablate.objectives.electra import Electra
+from electra_ablate.training import checks
+from electra_ablate.weighting.learned import LearnedWeights
 
 
 TWO_STAGE = ["algorithm=two_stage", "sharing=none", "generator.hidden_size=1.0", "generator.layers=1.0"]
@@ -118,7 +120,7 @@ def test_two_stage_initialises_the_discriminator_from_the_generator_then_freezes
     assert set(hist["train/mlm_loss"]) == {3, 6, 8} and set(hist["train/disc_loss"]) == {9, 12, 15}
     assert hist["train/stage"] == {3: 1.0, 6: 1.0, 8: 1.0, 9: 2.0, 12: 2.0, 15: 2.0}
     # Stage one: the generator's forward and backward; stage two: its forward + the discriminator's both.
-    args = (final.config, final_gen.config, "electra", 16, 64)
+    args = (final.config, final_gen.config, Electra.flops, 16, 64)
     gen_step = flops.pretrain_flops_per_step(*args, stage="generator")
     disc_step = flops.pretrain_flops_per_step(*args, stage="discriminator")
     assert hist["train/flops"][6] == pytest.approx(6 * gen_step)
@@ -152,7 +154,7 @@ def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tm
     algorithms = set()
     for v in ctx.spec.variants:
         cfg = ctx.compose_pretrain(sweep.PretrainJob(v.label, 0))
-        pretrain.validate(cfg)  # raises ConfigError naming the fix
+        checks.validate(cfg)  # raises ConfigError naming the fix
         algorithms.add(cfg.algorithm.name)
     assert algorithms == {"joint", "two_stage", "adversarial"}
 
@@ -163,7 +165,8 @@ def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tm
         (["algorithm=two_stage"], "generator.hidden_size=1.0 generator.layers=1.0"),  # the defaults: 1/2 size
         (["algorithm=two_stage"], "sharing=none"),
         (["algorithm=two_stage", "generator=unigram", "sharing=none"], "generator=neural"),
-        ([*TWO_STAGE, "objective.disc_weight=learned"], "drop objective.disc_weight=learned"),
+        ([*TWO_STAGE, "weighting=learned"], "use weighting=fixed"),
+        (["objective=bert", "weighting=learned"], "objective=bert does not have"),
         ([*TWO_STAGE, "trainer.accumulate_grad_batches=2"], "trainer.accumulate_grad_batches=1"),
         ([*TWO_STAGE, "trainer=ddp"], "trainer.strategy=ddp_find_unused_parameters_true"),
         (["algorithm=adversarial", "generator=unigram"], "use generator=neural"),
@@ -172,7 +175,7 @@ def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tm
 )
 def test_impossible_algorithm_configs_fail_before_any_data_is_built(tmp_path, pretrain_cfg, overrides, fix):
     cfg = pretrain_cfg(tmp_path, *overrides, "trainer.max_steps=10", f"paths.cache_dir={tmp_path}/cache")
-    with pytest.raises(pretrain.ConfigError, match=fix.replace(".", r"\.")):
+    with pytest.raises(checks.ConfigError, match=fix.replace(".", r"\.")):
         pretrain.train(cfg)
     assert not (tmp_path / "cache").exists()
 
@@ -264,7 +267,7 @@ def test_adversarial_steps_both_optimizers_once_per_batch(tmp_path, pretrain_cfg
             "train/disc_loss", "train/disc_auc", "train/mlm_loss"} <= set(hist)
     vocab = system.model.config.vocab_size
     assert all(0 < h <= math.log(vocab) + 1e-4 for h in hist["train/gen_entropy"].values())
-    joint_step = flops.pretrain_flops_per_step(system.model.config, system.generator.config, "electra", 16, 64)
+    joint_step = flops.pretrain_flops_per_step(system.model.config, system.generator.config, Electra.flops, 16, 64)
     assert hist["flops/total"][12] == pytest.approx(12 * joint_step)
 
 
@@ -274,23 +277,22 @@ SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 
 
 def test_learned_lambda_starts_at_the_fixed_weights():
-    objective = Electra("electra", SPECIAL, 50, disc_weight="learned")
+    objective = Electra("electra", SPECIAL, 50, weighting=LearnedWeights("learned", 1.0, 50.0))
     gen_loss = torch.tensor(3.0, requires_grad=True)
     disc_loss = torch.tensor(0.4, requires_grad=True)
     loss = objective.combine(gen_loss, disc_loss)
     loss.backward()
     assert gen_loss.grad.item() == pytest.approx(1.0) and disc_loss.grad.item() == pytest.approx(50.0)
     # d/ds (exp(-s) L + s) = 1 - exp(-s) L: both weights start above 1 / their loss, so both fall.
-    assert objective.log_var_bias.grad.tolist() == pytest.approx([1 - 3.0, 1 - 50 * 0.4])
-    with pytest.raises(ValueError, match="'learned'"):
-        Electra("electra", SPECIAL, 50, disc_weight="lerned")
+    assert objective.weighting.log_var_bias.grad.tolist() == pytest.approx([1 - 3.0, 1 - 50 * 0.4])
+    with pytest.raises(ValueError, match="add weighting=learned"):  # the old spelling names the new one
+        Electra("electra", SPECIAL, 50, disc_weight="learned")
 
 
 def test_learned_lambda_moves_stays_finite_and_is_not_decayed(tmp_path, pretrain_cfg):
     snap = Snapshot()
-    cfg = pretrain_cfg(tmp_path, "objective.disc_weight=learned", "trainer.max_steps=20",
-                      "logger.log_every_n_steps=5")
-    assert cfg.objective.disc_weight == "learned"
+    cfg = pretrain_cfg(tmp_path, "weighting=learned", "trainer.max_steps=20", "logger.log_every_n_steps=5")
+    assert cfg.weighting.name == "learned" and cfg.objective.disc_weight == 50.0
     run, hist = finished_run(tmp_path, pretrain.train(cfg, callbacks=[snap]))
     assert run.data.tags["algorithm"] == "joint"
 
@@ -298,8 +300,8 @@ def test_learned_lambda_moves_stays_finite_and_is_not_decayed(tmp_path, pretrain
     assert all(math.isfinite(v) for v in trajectory)
     assert trajectory[0] == pytest.approx(50.0, rel=0.01)
     assert len(set(trajectory)) == 4, trajectory
-    start, end = snap.start["objective.log_var_bias"], snap.end["objective.log_var_bias"]
+    start, end = snap.start["objective.weighting.log_var_bias"], snap.end["objective.weighting.log_var_bias"]
     assert torch.all(end > start), "both loss weights must fall towards 1 / loss"
     (opt,) = snap.system.trainer.optimizers
-    (group,) = [g for g in opt.param_groups if any(p is snap.system.objective.log_var_bias for p in g["params"])]
+    (group,) = [g for g in opt.param_groups if any(p is snap.system.objective.weighting.log_var_bias for p in g["params"])]
     assert group["weight_decay"] == 0.0

@@ -20,6 +20,7 @@ from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.data.pretraining import DataError
 from electra_ablate.hf.interop import HFInteropError
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+from electra_ablate.training import checks
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
@@ -70,7 +71,7 @@ PRETRAIN_VALUES = {
 @pytest.mark.parametrize("overrides, message", PRETRAIN_VALUES.values(), ids=PRETRAIN_VALUES.keys())
 def test_pretraining_values(tmp_path, pretrain_cfg, overrides, message):
     cfg = pretrain_cfg(tmp_path, *overrides, f"paths.cache_dir={tmp_path}/cache")
-    with pytest.raises(pretrain.ConfigError, match=message):
+    with pytest.raises(checks.ConfigError, match=message):
         pretrain.train(cfg)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "mlflow.db").exists()  # before data and store
 

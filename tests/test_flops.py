@@ -12,6 +12,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from electra_ablate.models import flops
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM
+from electra_ablate.objectives.bert import Bert
+from electra_ablate.objectives.electra import Electra
+from electra_ablate.objectives.electra_15 import Electra15
+from electra_ablate.objectives.replace_mlm import ReplaceMLM
 from electra_ablate.report.build import load_paper_results
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -31,12 +36,12 @@ def test_table1_small_models_match_the_paper_within_10_percent():
     gen = small.scaled(small_fraction := 0.25)  # paper Table 6: generator 1/4 of ELECTRA-Small
     assert (gen.hidden_size, gen.num_attention_heads, gen.intermediate_size) == (64, 1, 256), small_fraction
     # Paper Table 1 / reference MODEL_FLOPS: ELECTRA-Small 1M steps, BERT-Small 1.45M steps, batch 128, seq 128.
-    electra = flops.pretrain_flops(small, gen, "electra", batch_size=128, seq_len=128, steps=1_000_000)
-    bert = flops.pretrain_flops(small, gen, "bert", batch_size=128, seq_len=128, steps=1_450_000)
+    electra = flops.pretrain_flops(small, gen, Electra.flops, batch_size=128, seq_len=128, steps=1_000_000)
+    bert = flops.pretrain_flops(small, gen, Bert.flops, batch_size=128, seq_len=128, steps=1_450_000)
     assert electra == pytest.approx(paper["electra"]["train_flops"], rel=0.10)
     assert bert == pytest.approx(paper["bert"]["train_flops"], rel=0.10)
     # The generator is a small share of ELECTRA-Small's step (it is why BERT gets 1.45x the steps).
-    split = flops.step_flops(small, gen, "electra", 128, 128)
+    split = flops.step_flops(small, gen, Electra.flops, 128, 128)
     assert 0.1 < split.generator / split.total < 0.3
 
 
@@ -46,8 +51,8 @@ def test_reference_equal_compute_base_pair():
     base = model_config("base")
     gen = EncoderConfig(vocab_size=30522, embedding_size=768, hidden_size=256, num_hidden_layers=12,
                         num_attention_heads=4, intermediate_size=1024)
-    electra = flops.pretrain_flops(base, gen, "electra", 256, 512, 766_000)
-    bert = flops.pretrain_flops(base, None, "bert", 256, 512, 1_000_000)
+    electra = flops.pretrain_flops(base, gen, Electra.flops, 256, 512, 766_000)
+    bert = flops.pretrain_flops(base, None, Bert.flops, 256, 512, 1_000_000)
     assert electra == pytest.approx(bert, rel=1e-3)
     assert bert == pytest.approx(6.4e19, rel=0.01)
 
@@ -87,7 +92,9 @@ def test_attention_term_grows_quadratically_with_length():
 def test_objectives_count_the_networks_they_run():
     disc = model_config("tiny")
     gen = disc.scaled(0.25)
-    step = lambda objective, g=gen, **kw: flops.step_flops(disc, g, objective, 8, 128, **kw)
+    classes = {"bert": Bert, "electra": Electra, "electra_15": Electra15, "replace_mlm": ReplaceMLM,
+               "all_tokens_mlm": AllTokensMLM}
+    step = lambda objective, g=gen, **kw: flops.step_flops(disc, g, classes[objective].flops, 8, 128, **kw)
     assert step("bert").generator == 0 and step("bert", None) == step("bert")  # BERT has no generator
     assert step("electra", None).generator == 0  # unigram / uniform generators sample from a fixed table
     assert step("electra") == step("electra_15")
@@ -102,9 +109,9 @@ def test_objectives_count_the_networks_they_run():
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"objective": "gpt"}, "unknown objective 'gpt'"), ({"stage": "both"}, "stage='both'"), ({"batch_size": 0}, "must be positive")],
+    [({"stage": "both"}, "stage='both'"), ({"batch_size": 0}, "must be positive")],
 )
 def test_bad_input_names_the_problem(kwargs, message):
-    args = {"disc": model_config("tiny"), "gen": None, "objective": "electra", "batch_size": 8, "seq_len": 128, **kwargs}
+    args = {"disc": model_config("tiny"), "gen": None, "heads": Electra.flops, "batch_size": 8, "seq_len": 128, **kwargs}
     with pytest.raises(ValueError, match=message):
         flops.pretrain_flops_per_step(**args)

@@ -13,7 +13,10 @@ transformers = pytest.importorskip("transformers", reason="transformers is the o
 from electra_ablate.hf import interop as hf  # noqa: E402
 from electra_ablate.models import checkpoint
 from electra_ablate.export import main as export_main  # noqa: E402
-from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, share_weights  # noqa: E402
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
+from electra_ablate.sharing.all import AllSharing  # noqa: E402
+from electra_ablate.sharing.embeddings import EmbeddingSharing  # noqa: E402
+from electra_ablate.sharing.none import NoSharing  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data"))
@@ -63,7 +66,7 @@ def make_pretrained(path: Path, vocab_file: Path, objective="electra", sharing="
     generator = None
     if has_generator:
         generator = ElectraForPretraining(config if sharing == "all" else config.scaled(0.5), mlm_head=True)
-        share_weights(generator, model, sharing)
+        {"none": NoSharing, "embeddings": EmbeddingSharing, "all": AllSharing}[sharing](sharing).tie(generator, model)
     perturb(model, *([generator] if generator else []))
     meta = {"objective": objective, "sharing": sharing, "algorithm": "joint", "step": 10, "run_id": "r"}
     checkpoint.save_pretrained(path, model, vocab_file, meta, generator=generator)

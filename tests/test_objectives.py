@@ -6,8 +6,12 @@ import pytest
 import torch
 from scipy import stats
 
-from electra_ablate.generators.neural import NeuralGenerator, UniformGenerator, UnigramGenerator
-from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks, share_weights
+from electra_ablate.generators.fixed import UniformGenerator, UnigramGenerator
+from electra_ablate.generators.neural import NeuralGenerator
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks
+from electra_ablate.sharing.all import AllSharing
+from electra_ablate.sharing.embeddings import EmbeddingSharing
+from electra_ablate.sharing.none import NoSharing
 from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM, copy_distribution, copy_log_prob
 from electra_ablate.objectives.base import Batch, SpecialIds, mask_tokens, maskable, sample_tokens
 from electra_ablate.objectives.bert import Bert
@@ -19,6 +23,9 @@ SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 V = 50
 CFG = EncoderConfig(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=64, max_position_embeddings=32)
+
+
+SHARING = {"none": NoSharing, "embeddings": EmbeddingSharing, "all": AllSharing}
 
 
 def make_batch(B: int = 8, T: int = 24, seed: int = 0) -> Batch:
@@ -38,7 +45,7 @@ def nets_for(objective, generator_cls=NeuralGenerator, sharing="embeddings", fra
     if objective.needs_generator:
         if generator_cls is NeuralGenerator:
             gen = NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=fraction)
-            share_weights(gen, model, sharing)
+            SHARING[sharing](sharing).tie(gen, model)
         else:
             gen = generator_cls(CFG, torch.arange(V).float(), SPECIAL)
     return Networks(model, gen)
@@ -201,7 +208,7 @@ def test_non_neural_generators_propose_no_special_tokens(cls):
 def test_sharing_modes_make_the_very_same_parameters():
     model = ElectraForPretraining(CFG, disc_head=True)
     gen = NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=0.25)
-    share_weights(gen, model, "embeddings")
+    EmbeddingSharing("embeddings").tie(gen, model)
     assert gen.electra.embeddings.word_embeddings.weight is model.electra.embeddings.word_embeddings.weight
     assert gen.electra.embeddings.LayerNorm.weight is model.electra.embeddings.LayerNorm.weight
     assert gen.generator_lm_head.weight is model.electra.embeddings.word_embeddings.weight  # tied output layer
@@ -209,16 +216,16 @@ def test_sharing_modes_make_the_very_same_parameters():
     assert gen.electra.encoder is not model.electra.encoder
 
     gen_all = NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=1.0)
-    share_weights(gen_all, model, "all")
+    AllSharing("all").tie(gen_all, model)
     assert gen_all.electra is model.electra
     assert gen_all.electra.encoder.layer[0].attention.self.query.weight is model.electra.encoder.layer[0].attention.self.query.weight
 
     gen_none = NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=0.5)
-    share_weights(gen_none, model, "none")
+    NoSharing("none").tie(gen_none, model)
     assert gen_none.electra.embeddings.word_embeddings.weight is not model.electra.embeddings.word_embeddings.weight
 
     with pytest.raises(ValueError, match="sharing=all needs a generator the same size"):
-        share_weights(NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=0.5), model, "all")
+        AllSharing("all").tie(NeuralGenerator(CFG, torch.ones(V), SPECIAL, hidden_size=0.5), model)
 
 
 def test_generator_size_follows_the_reference_rule():

@@ -17,6 +17,7 @@ from electra_ablate.common import precision
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+from electra_ablate.training import build
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()  # as conftest
@@ -94,7 +95,7 @@ def test_pretraining_records_the_resolved_precision_and_keeps_it_out_of_identity
     assert client.get_run(run_id).data.tags[tracking.TAG_CONFIG_HASH] == tracking.config_hash(fp32)
     assert pretrain.train(fp32) == run_id  # the same run: found finished, not trained again in fp32
     cpu_with(AVX2_ONLY)
-    assert pretrain.resolve_precision(auto) == "32-true"
+    assert build.resolve_precision(auto) == "32-true"
 
 
 def _finetune_cfg(tmp_path: Path, uri: str, *overrides: str):

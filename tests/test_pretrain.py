@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from electra_ablate import pretrain
 from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.training.system import TrainingError
+from electra_ablate.training import checks
 
 
 
@@ -92,14 +93,14 @@ def test_a_finished_run_is_found_and_not_recomputed(tmp_path, pretrain_cfg):
 
 def test_sharing_all_with_unequal_sizes_fails_before_any_data_is_built(tmp_path, pretrain_cfg):
     cfg = pretrain_cfg(tmp_path, "sharing=all", "generator.hidden_size=0.25", f"paths.cache_dir={tmp_path}/cache")
-    with pytest.raises(pretrain.ConfigError, match="generator.hidden_size=1.0"):
+    with pytest.raises(checks.ConfigError, match="generator.hidden_size=1.0"):
         pretrain.train(cfg)
     assert not (tmp_path / "cache").exists()
 
 
 def test_sequence_longer_than_positions_is_rejected(tmp_path, pretrain_cfg):
     cfg = pretrain_cfg(tmp_path, "data.max_seq_length=256")
-    with pytest.raises(pretrain.ConfigError, match="max_position_embeddings"):
+    with pytest.raises(checks.ConfigError, match="max_position_embeddings"):
         pretrain.train(cfg)
 
 

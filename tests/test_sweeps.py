@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra.utils import get_class
 from mlflow.tracking import MlflowClient
 
 from electra_ablate.models import flops
@@ -61,8 +62,8 @@ def encoder(cfg) -> EncoderConfig:
 def budget(cfg) -> float:
     """Training FLOPs of a composed pre-training config (two-stage: generator steps, then discriminator steps)."""
     disc = encoder(cfg)
-    gen = disc.scaled(cfg.generator.hidden_size, cfg.generator.layers) if "hidden_size" in cfg.generator else None
-    args = (disc, gen, cfg.objective.name, cfg.data.batch_size, cfg.data.max_seq_length)
+    gen = get_class(cfg.generator._target_).network_config(disc, cfg.generator)
+    args = (disc, gen, get_class(cfg.objective._target_).flops, cfg.data.batch_size, cfg.data.max_seq_length)
     steps = cfg.trainer.max_steps
     if cfg.algorithm.name == "two_stage":
         switch = cfg.algorithm.get("switch_fraction", 0.5)

@@ -39,11 +39,11 @@ class ManualSystem(PretrainSystem):
                 f"{algorithm} trains a discriminator on a generator's samples (paper section 3.2), so it needs "
                 f"objective=electra or objective=electra_15, not objective={cfg.objective.name}"
             )
-        elif str(cfg.objective.get("disc_weight")) == "learned":
+        elif get_class(cfg.weighting._target_).learned:
             problems.append(
                 f"{algorithm} does not minimise one weighted sum of the MLM and discriminator losses (two-stage: "
                 "one loss per stage; adversarial: the generator's term is a REINFORCE surrogate), so there is no "
-                "lambda to learn; drop objective.disc_weight=learned (it is meant for algorithm=joint)"
+                "lambda to learn; use weighting=fixed (weighting=learned is meant for algorithm=joint)"
             )
         if cfg.trainer.accumulate_grad_batches != 1:
             problems.append(

@@ -22,9 +22,11 @@ train/stage (1 or 2).
 from __future__ import annotations
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from electra_ablate.algorithms.manual import ManualSystem
+from electra_ablate.generators.base import generator_multipliers
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, ObjectiveOutput, ratio
 
@@ -63,19 +65,19 @@ class TwoStage(ManualSystem):
     @classmethod
     def config_problems(cls, cfg: DictConfig) -> list[str]:
         problems = super().config_problems(cfg)
-        gen = cfg.generator
-        if "hidden_size" not in gen:
+        size = generator_multipliers(cfg)
+        if size is None:
             problems.append(
                 "algorithm=two_stage initialises the discriminator with a neural generator's weights; use "
                 "generator=neural generator.hidden_size=1.0 generator.layers=1.0"
             )
-        elif gen.hidden_size != 1.0 or gen.layers != 1.0:
+        elif size != (1.0, 1.0):
             problems.append(
                 "algorithm=two_stage initialises the discriminator with the generator's weights, so both must be "
-                f"the same size (paper section 3.2), but generator.hidden_size={gen.hidden_size} "
-                f"generator.layers={gen.layers}; add generator.hidden_size=1.0 generator.layers=1.0"
+                f"the same size (paper section 3.2), but generator.hidden_size={size[0]} "
+                f"generator.layers={size[1]}; add generator.hidden_size=1.0 generator.layers=1.0"
             )
-        if cfg.sharing.name != "none":
+        if get_class(cfg.sharing._target_).shares_weights:
             problems.append(
                 f"algorithm=two_stage freezes the generator while the discriminator trains, which sharing="
                 f"{cfg.sharing.name} would undo (the discriminator takes all of the generator's weights at the "

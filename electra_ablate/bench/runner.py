@@ -5,7 +5,7 @@ would write around transformers: `ElectraForPreTraining` + `ElectraForMaskedLM` 
 attention, dropout 0.1, MLM logits at every position (as `ElectraForMaskedLM` computes them), Gumbel-max
 sampling over all positions (the reference implementation's `sample_from_softmax`), AdamW with the same
 parameter groups, schedule and gradient clipping. Ours is the `electra` objective built exactly as
-`pretrain.py` builds it (`build_networks` + the configured algorithm's `PretrainSystem`), stepped as Lightning
+`training/build.py` builds it (`build_networks` + the configured algorithm's `PretrainSystem`), stepped as Lightning
 steps it (training_step, backward, clip, optimizer and scheduler step). Both see the same real batches of the
 Wikipedia sample, interleaved A B A B after warm-up; the report gives medians and their ratio.
 
@@ -46,12 +46,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from electra_ablate import pretrain
+from electra_ablate.training import build, checks
 from electra_ablate.models import fast
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.pretraining import PretrainDataModule
@@ -140,7 +140,7 @@ def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None 
     ]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("pretrain", overrides=overrides)
-    pretrain.validate(cfg)
+    checks.validate(cfg)
     return cfg
 
 
@@ -169,7 +169,7 @@ class Data(NamedTuple):
 
 
 def load_data(cfg: DictConfig, device: torch.device, n_batches: int, num_workers: int = 0) -> Data:
-    """The pre-training data module as pretrain.py configures it, and its first `n_batches` real batches."""
+    """The pre-training data module as training/build.py configures it, and its first `n_batches` real batches."""
     dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=cfg.seed, num_workers=num_workers,
                      pin_memory=device.type == "cuda")
     dm.prepare()
@@ -212,11 +212,11 @@ class FastPath:
 
 
 def encoder_configs(cfg: DictConfig, data: Data) -> tuple[EncoderConfig, EncoderConfig | None]:
-    """The discriminator's and the neural generator's sizes, as `pretrain.build_networks` derives them."""
+    """The discriminator's and the neural generator's sizes, as `training.build.build_networks` derives them."""
     disc = EncoderConfig(vocab_size=data.dm.vocab_size, pad_token_id=data.special.pad,
-                         **{k: cfg.model[k] for k in pretrain.MODEL_KEYS})
+                         **{k: cfg.model[k] for k in checks.MODEL_KEYS})
     gen = cfg.generator
-    return disc, (disc.scaled(gen.hidden_size, gen.layers) if "hidden_size" in gen else None)
+    return disc, get_class(gen._target_).network_config(disc, gen)
 
 
 def all_positions_logits(generator: ElectraForPretraining) -> None:
@@ -236,7 +236,7 @@ class OursRunner:
 
     def __init__(self, cfg: DictConfig, data: Data, device: torch.device, fp: FastPath):
         self.cfg, self.device, self.fp = cfg, device, fp
-        model, generator, objective = pretrain.build_networks(cfg, data.dm, data.special)
+        model, generator, objective = build.build_networks(cfg, data.dm, data.special)
         for net in (model, generator):
             if isinstance(net, torch.nn.Module):
                 fast.set_fast_dropout(net, fp.hidden_dropout, fp.attention_dropout)
@@ -422,7 +422,7 @@ def executed_flops(step: Callable[[], object]) -> float:
 def paper_flops(runner: OursRunner, cfg: DictConfig, batch_size: int, seq_len: int) -> float:
     gen = runner.nets.generator
     gen_cfg = gen.config if isinstance(gen, ElectraForPretraining) else None
-    return pretrain_flops_per_step(runner.nets.model.config, gen_cfg, cfg.objective.name, batch_size, seq_len)
+    return pretrain_flops_per_step(runner.nets.model.config, gen_cfg, get_class(cfg.objective._target_).flops, batch_size, seq_len)
 
 
 # --- host-device synchronisation ---------------------------------------------------------------------

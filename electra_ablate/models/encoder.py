@@ -288,34 +288,6 @@ class Networks(NamedTuple):
     generator: nn.Module | None
 
 
-def share_weights(generator: ElectraForPretraining, model: ElectraForPretraining, mode: str) -> None:
-    """Make the generator use the model's parameters (paper section 3.2, "Weight sharing").
-
-    `embeddings`: token, position and token-type embeddings and the embedding LayerNorm become the same
-    module; a generator of a different hidden size keeps its own `embeddings_project`. `all`: one encoder
-    for both (only valid for equal sizes). `none`: independent networks.
-    """
-    if mode == "none":
-        return
-    if mode == "embeddings":
-        assert generator.config.embedding_size == model.config.embedding_size, (
-            "sharing=embeddings needs equal embedding_size for generator and discriminator"
-        )
-        generator.electra.embeddings = model.electra.embeddings
-    elif mode == "all":
-        if generator.config != model.config:
-            raise ValueError(
-                "sharing=all needs a generator the same size as the discriminator (paper section 3.2); "
-                f"got generator hidden {generator.config.hidden_size} x {generator.config.num_hidden_layers} "
-                f"layers vs {model.config.hidden_size} x {model.config.num_hidden_layers}. "
-                "Set generator.hidden_size=1.0 generator.layers=1.0 or choose sharing=embeddings."
-            )
-        generator.electra = model.electra
-    else:
-        raise ValueError(f"unknown sharing mode {mode!r}; valid: none, embeddings, all")
-    generator.tie_weights()
-
-
 def gather(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """(B, T, H) states at a (B, T) boolean mask -> (N, H), row-major order."""
     return hidden[positions]

@@ -130,7 +130,7 @@ def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = 
 
 
 def apply_runtime(runtime, *modules: nn.Module | None) -> None:
-    """Install the runtime group's speed-only choices on networks built by `pretrain.build_networks`, in place.
+    """Install the runtime group's speed-only choices on networks built by `training.build.build_networks`, in place.
 
     `runtime.fast_dropout`: hidden and attention dropout draw their masks from 16-bit random lanes on CPU
     (module docstring); on CUDA the modules defer to torch, so the setting is harmless there.

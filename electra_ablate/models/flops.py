@@ -34,22 +34,12 @@ TRAIN_MULTIPLIER = 2
 
 
 class Heads(NamedTuple):
-    """What one objective computes per sequence (paper section 3.3)."""
+    """What one objective computes per sequence (paper section 3.3): each objective class's `flops`."""
 
     main: str  # head of the network that gets fine-tuned: "mlm" (vocabulary softmax) or "disc" (binary)
     main_fraction: float  # fraction of positions the main head's softmax runs on ("mlm" only)
     generator: bool  # whether a generator network (when neural) runs before the main network
 
-
-# The objective config group's `name` -> its heads. BERT has no generator; every other objective samples
-# replacements from one; All-Tokens MLM predicts every token (section 3.3), the others only the masked 15%.
-OBJECTIVE_HEADS: dict[str, Heads] = {
-    "bert": Heads("mlm", MASKED_FRACTION, generator=False),
-    "electra": Heads("disc", 1.0, generator=True),
-    "electra_15": Heads("disc", 1.0, generator=True),  # loss on 15% but the head still runs on every token
-    "replace_mlm": Heads("mlm", MASKED_FRACTION, generator=True),
-    "all_tokens_mlm": Heads("mlm", 1.0, generator=True),
-}
 
 STAGES = ("joint", "generator", "discriminator")
 
@@ -128,28 +118,25 @@ def forward_flops(cfg: EncoderConfig, seq_len: int, head: str, fraction: float =
 def step_flops(
     disc: EncoderConfig,
     gen: EncoderConfig | None,
-    objective: str,
+    heads: Heads,
     batch_size: int,
     seq_len: int,
     stage: str = "joint",
 ) -> StepFlops:
     """Training FLOPs of one optimizer step, split into generator and discriminator (or MLM model).
 
-    `disc` is the network that gets fine-tuned (the discriminator, or the MLM model for bert, replace_mlm
-    and all_tokens_mlm); `gen` the neural generator's config, or None for the uniform and unigram
+    `heads` is the objective class's `flops`. `disc` is the network that gets fine-tuned (the discriminator,
+    or the MLM model for bert, replace_mlm and all_tokens_mlm); `gen` the neural generator's config, or None for the uniform and unigram
     generators (sampling from a fixed distribution is not counted) and for BERT (ignored there).
     `batch_size` is the global batch (sequences per optimizer step, all devices and accumulation steps).
     `stage` covers two-stage training (paper section 3.2): "generator" = stage one (only the generator is
     trained), "discriminator" = stage two (the frozen generator runs forward only to sample replacements),
     "joint" = both trained together (the default, and the adversarial algorithm).
     """
-    if objective not in OBJECTIVE_HEADS:
-        raise ValueError(f"unknown objective {objective!r}; FLOPs are defined for {sorted(OBJECTIVE_HEADS)} (add it to OBJECTIVE_HEADS)")
     if stage not in STAGES:
         raise ValueError(f"stage={stage!r}; expected one of {STAGES}")
     if batch_size <= 0 or seq_len <= 0:
         raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must be positive")
-    heads = OBJECTIVE_HEADS[objective]
     gen_flops = 0.0
     if heads.generator and gen is not None:
         gen_forward = forward_flops(gen, seq_len, "mlm", MASKED_FRACTION) * batch_size
@@ -163,22 +150,22 @@ def step_flops(
 def pretrain_flops_per_step(
     disc: EncoderConfig,
     gen: EncoderConfig | None,
-    objective: str,
+    heads: Heads,
     batch_size: int,
     seq_len: int,
     stage: str = "joint",
 ) -> float:
     """Training FLOPs of one optimizer step (what pre-training logs as train/flops per step)."""
-    return step_flops(disc, gen, objective, batch_size, seq_len, stage).total
+    return step_flops(disc, gen, heads, batch_size, seq_len, stage).total
 
 
 def pretrain_flops(
     disc: EncoderConfig,
     gen: EncoderConfig | None,
-    objective: str,
+    heads: Heads,
     batch_size: int,
     seq_len: int,
     steps: int,
 ) -> float:
     """Total training FLOPs of `steps` joint steps (the paper's "Train FLOPs" column)."""
-    return pretrain_flops_per_step(disc, gen, objective, batch_size, seq_len) * steps
+    return pretrain_flops_per_step(disc, gen, heads, batch_size, seq_len) * steps

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from electra_ablate.models.encoder import Networks
+from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, ratio
 
 
@@ -29,7 +30,10 @@ def copy_distribution(copy_logit: torch.Tensor, logits: torch.Tensor, input_ids:
 
 
 class AllTokensMLM(GeneratorObjective):
+    display_name = "All-Tokens MLM"
+    paper = "section 3.3, Table 5 (GLUE 84.3)"
     model_heads = {"mlm_head": True, "disc_head": True}
+    flops = Heads("mlm", 1.0, generator=True)  # predicts every token
 
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)

@@ -15,7 +15,11 @@ from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import get_class
+from omegaconf import DictConfig
 from torch import nn
+
+from electra_ablate.models.flops import Heads
 
 
 IGNORE = -100
@@ -138,12 +142,27 @@ class Objective(nn.Module):
     """Turns a batch and the networks it is given into a loss and metrics. Subclasses are one small file each.
 
     Class attributes say what the objective needs, so the training system never branches on its name:
-    `needs_generator`, and the heads of the network that gets pre-trained and then fine-tuned.
+    `needs_generator`, the heads of the network that gets pre-trained and then fine-tuned, what its step
+    costs (`flops`: the heads that run, in the paper's FLOPs accounting), whether it has a discriminator loss
+    that `weighting` balances against the generator's (`weighted`), and its name and place in the paper.
     Subclasses define `forward(batch: Batch, nets: Networks) -> ObjectiveOutput`.
     """
 
+    display_name: ClassVar[str]
+    paper: ClassVar[str]
     needs_generator: ClassVar[bool] = False
     model_heads: ClassVar[dict[str, bool]] = {"mlm_head": True}
+    flops: ClassVar[Heads]
+    weighted: ClassVar[bool] = False
+
+    @classmethod
+    def config_problems(cls, cfg: DictConfig) -> list[str]:
+        """What makes `cfg` impossible for this objective, each with the key and the fix (empty when fine)."""
+        if get_class(cfg.weighting._target_).learned and not cls.weighted:
+            return [f"weighting={cfg.weighting.name} learns the weight of a discriminator loss against the "
+                    f"generator's, which objective={cfg.objective.name} does not have; use objective=electra or "
+                    "electra_15, or weighting=fixed"]
+        return []
 
     def __init__(
         self,

@@ -7,10 +7,14 @@ selected positions only.
 from __future__ import annotations
 
 from electra_ablate.models.encoder import Networks
+from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, mlm_loss, ratio
 
 
 class Bert(Objective):
+    display_name = "BERT (MLM)"
+    paper = "section 3.3, Table 5 (GLUE 82.2)"
+    flops = Heads("mlm", MASKED_FRACTION, generator=False)
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         masked = self.mask(batch)
         hidden = nets.model(masked.input_ids, batch.attention_mask, batch.token_type_ids)

@@ -4,32 +4,27 @@ The generator is trained with MLM on the selected positions; its samples replace
 discriminator predicts for every non-pad token whether it was replaced. Loss = gen_weight x MLM +
 disc_weight x disc, with lambda = disc_weight = 50 (paper section 2 / reference `disc_weight`).
 
-`disc_weight=learned` (beyond the paper) learns the weights by uncertainty weighting (Kendall, Gal and
-Cipolla 2018, in its common simplified form): loss = exp(-s_gen) MLM + s_gen + exp(-s_disc) disc + s_disc
-with learned log-variances s, which pulls each weight towards 1 / its loss, i.e. lambda towards MLM / disc.
-They start at the fixed weights (gen_weight, 50), so the learned lambda starts at the paper's value; the
-effective lambda exp(-s_disc) / exp(-s_gen) is logged as train/disc_weight. The log-variances are loss
-weights, not network weights: their name ends in `bias`, so AdamW leaves them out of weight decay
-(`optim.no_decay`), which would otherwise pull both weights towards 1.
+How the two losses are added is the `weighting` config group (electra_ablate/weighting/): the paper's fixed
+weights by default, or a learned lambda.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-from torch import nn
 
 from electra_ablate.models.encoder import Networks
+from electra_ablate.models.flops import Heads
 from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, SpecialIds, disc_sums, ratio, rtd_loss
-
-
-LEARNED = "learned"
-PAPER_DISC_WEIGHT = 50.0  # lambda (paper section 2); where disc_weight=learned starts
+from electra_ablate.weighting.base import LossWeighting
+from electra_ablate.weighting.fixed import FixedWeights
 
 
 class Electra(GeneratorObjective):
+    display_name = "ELECTRA"
+    paper = "section 2, Table 5 (GLUE 85.0)"
     model_heads = {"disc_head": True}
+    flops = Heads("disc", 1.0, generator=True)
+    weighted = True
 
     def __init__(
         self,
@@ -42,24 +37,17 @@ class Electra(GeneratorObjective):
         sampler: str = "gumbel",
         temperature: float = 1.0,
         gen_weight: float = 1.0,
-        disc_weight: float | str = 50.0,
+        disc_weight: float = 50.0,
+        weighting: LossWeighting | None = None,
     ):
         super().__init__(
             name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler, temperature, gen_weight
         )
-        self.learned = disc_weight == LEARNED
-        if self.learned:
-            if gen_weight <= 0:
-                raise ValueError(
-                    f"objective.disc_weight=learned starts from gen_weight, which must be > 0 (got {gen_weight})"
-                )
-            # (2,) [s_gen, s_disc]: log-variances, starting where exp(-s) equals the fixed weights.
-            self.log_var_bias = nn.Parameter(torch.tensor([-math.log(gen_weight), -math.log(PAPER_DISC_WEIGHT)]))
-        elif isinstance(disc_weight, str):
-            raise ValueError(
-                f"objective.disc_weight={disc_weight!r}: give a number (lambda; the paper uses 50) or 'learned'"
-            )
+        if isinstance(disc_weight, str):
+            raise ValueError(f"objective.disc_weight={disc_weight!r}: give a number (lambda; the paper uses 50); "
+                             "to learn lambda, add weighting=learned")
         self.disc_weight = disc_weight
+        self.weighting = weighting if weighting is not None else FixedWeights("fixed", gen_weight, disc_weight)
 
     def disc_weights(self, batch: Batch, fake: Fake) -> torch.Tensor:
         """(B, T) bool: where the discriminator loss applies -- every non-pad token ([CLS]/[SEP] included, as
@@ -67,12 +55,7 @@ class Electra(GeneratorObjective):
         return batch.attention_mask.bool()
 
     def combine(self, gen_loss: torch.Tensor | None, disc_loss: torch.Tensor) -> torch.Tensor:
-        if self.learned:
-            s_gen, s_disc = self.log_var_bias
-            loss = torch.exp(-s_disc) * disc_loss + s_disc
-            return loss if gen_loss is None else loss + torch.exp(-s_gen) * gen_loss + s_gen
-        loss = self.disc_weight * disc_loss
-        return loss if gen_loss is None else loss + self.gen_weight * gen_loss
+        return self.weighting(gen_loss, disc_loss)
 
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
@@ -89,7 +72,7 @@ class Electra(GeneratorObjective):
         }
         if fake.gen_loss is not None:
             sums["mlm_loss"] = ratio(fake.gen_loss, 1)
-        if self.learned:
-            s_gen, s_disc = self.log_var_bias
-            sums["disc_weight"] = ratio(torch.exp(s_gen - s_disc), 1)  # lambda relative to the MLM weight
+        lam = self.weighting.lambda_now()
+        if lam is not None:
+            sums["disc_weight"] = ratio(lam, 1)
         return ObjectiveOutput(loss, sums, torch.sigmoid(logits[weights].detach().float()), fake.replaced[weights])

@@ -8,10 +8,14 @@ position, replaced or not. Loss = gen_weight x generator MLM + model MLM.
 from __future__ import annotations
 
 from electra_ablate.models.encoder import Networks
+from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, mlm_loss, ratio
 
 
 class ReplaceMLM(GeneratorObjective):
+    display_name = "Replace MLM"
+    paper = "section 3.3, Table 5 (GLUE 82.4)"
+    flops = Heads("mlm", MASKED_FRACTION, generator=True)
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
         selected = fake.masked.selected

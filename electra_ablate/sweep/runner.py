@@ -50,7 +50,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate import pretrain
+from electra_ablate.training import checks, pretraining
 from electra_ablate.common import cli
 from electra_ablate.tracking import runs as tracking
 
@@ -547,9 +547,9 @@ def _validate(ctx: SweepContext) -> dict[str, DictConfig]:
         _check_keys("pretrain", v.pretrain, ctx.base_overrides, where, seen)
         composed[v.label] = ctx.compose_pretrain(PretrainJob(v.label, spec.pretrain_seeds[0]))
         try:  # impossible combinations (e.g. two-stage with unequal sizes) fail before anything is launched
-            pretrain.validate(composed[v.label])
-        except pretrain.ConfigError as error:
-            raise pretrain.ConfigError(f"{where}: {error}") from None
+            checks.validate(composed[v.label])
+        except checks.ConfigError as error:
+            raise checks.ConfigError(f"{where}: {error}") from None
     checked: list = []
     for v in spec.variants:
         if (v.finetune, v.pretrained is None) in checked:
@@ -595,7 +595,7 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         # Its fine-tuning results stay valid and reported meanwhile.
         finished = next((r for r in runs if r.info.status == "FINISHED"), None)
         failed = None if finished is not None or not runs else runs[0]
-        missing = finished is not None and bool(pretrain.missing_outputs(finished))
+        missing = finished is not None and bool(pretraining.missing_outputs(finished))
         out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing))
     return out
 

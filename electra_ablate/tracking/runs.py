@@ -118,8 +118,11 @@ IDENTITY_TARGETS: dict[str, str | None] = {
     "electra_ablate.data.corpus.TextFilesDataModule": "electra_ablate.corpus.TextFilesDataModule",
     "electra_ablate.data.pretraining.PretrainDataModule": "electra_ablate.data.PretrainDataModule",
     "electra_ablate.generators.neural.NeuralGenerator": "electra_ablate.generators.NeuralGenerator",
-    "electra_ablate.generators.neural.UniformGenerator": "electra_ablate.generators.UniformGenerator",
-    "electra_ablate.generators.neural.UnigramGenerator": "electra_ablate.generators.UnigramGenerator",
+    "electra_ablate.sharing.none.NoSharing": None,
+    "electra_ablate.sharing.embeddings.EmbeddingSharing": None,
+    "electra_ablate.sharing.all.AllSharing": None,
+    "electra_ablate.generators.fixed.UniformGenerator": "electra_ablate.generators.UniformGenerator",
+    "electra_ablate.generators.fixed.UnigramGenerator": "electra_ablate.generators.UnigramGenerator",
 }
 
 
@@ -138,9 +141,26 @@ def _legacy_targets(node):
     return node
 
 
+# The `weighting` group came after run identities were first recorded, when a learned lambda was spelt
+# objective.disc_weight=learned (starting at the paper's 50): identities hash that spelling, and leave the
+# group out for the paper's fixed weights.
+_FIXED_WEIGHTING = {"_target_": "electra_ablate.weighting.fixed.FixedWeights", "name": "fixed"}
+_LEARNED_WEIGHTING = {"_target_": "electra_ablate.weighting.learned.LearnedWeights", "name": "learned"}
+
+
+def _legacy_weighting(container: dict) -> dict:
+    weighting = container.get("weighting")
+    if weighting == _FIXED_WEIGHTING:
+        container.pop("weighting")
+    elif weighting == _LEARNED_WEIGHTING and (container.get("objective") or {}).get("disc_weight") == 50.0:
+        container.pop("weighting")
+        container["objective"] = {**container["objective"], "disc_weight": "learned"}
+    return container
+
+
 def identity(cfg: DictConfig) -> dict:
     """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
-    container = _legacy_targets(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False))
+    container = _legacy_weighting(_legacy_targets(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
     assert isinstance(container, dict)
     out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
     if isinstance(out.get("trainer"), dict):

@@ -1,0 +1,124 @@
+"""Everything pre-training builds from a composed config, each piece chosen by `_target_` in its config group:
+the data module (`data`), the objective (`objective`) with its loss weighting (`weighting`), the generator
+(`generator`) tied to the discriminator by the sharing mode (`sharing`), the training system (`algorithm`),
+the Lightning Trainer, and the paper's FLOPs accounting of one step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from electra_ablate.common import precision
+from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.models import fast
+from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
+from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.training.checks import MODEL_KEYS
+
+
+def resolve_precision(cfg: DictConfig) -> str:
+    return precision.resolve(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator))
+
+
+def on_gpu(cfg: DictConfig) -> bool:
+    return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+
+
+def data_module(cfg: DictConfig) -> PretrainDataModule:
+    """conf/data names the corpus's module: one file (data.pretraining) or many (data.corpus). Called directly
+    rather than through instantiate() so that a DataError reaches the user unwrapped."""
+    data_args = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=True)
+    return get_class(data_args.pop("_target_"))(
+        **data_args,
+        cache_dir=cfg.paths.cache_dir,
+        num_workers=cfg.runtime.num_workers,
+        pin_memory=on_gpu(cfg) if cfg.runtime.pin_memory == "auto" else bool(cfg.runtime.pin_memory),
+        seed=cfg.seed,
+    )
+
+
+def discriminator_config(cfg: DictConfig, vocab_size: int, pad_token_id: int) -> EncoderConfig:
+    return EncoderConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **{k: cfg.model[k] for k in MODEL_KEYS})
+
+
+def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds):
+    """(discriminator or MLM model, generator or None, objective) for `cfg`, ready to train."""
+    disc_cfg = discriminator_config(cfg, dm.vocab_size, special.pad)
+    extra = {}
+    if get_class(cfg.objective._target_).weighted:
+        extra["weighting"] = instantiate(cfg.weighting, gen_weight=cfg.objective.gen_weight,
+                                         disc_weight=cfg.objective.disc_weight)
+    objective = instantiate(cfg.objective, special=special, vocab_size=dm.vocab_size, sampler=cfg.runtime.sampler,
+                            **extra)
+    model = ElectraForPretraining(disc_cfg, **objective.model_heads)
+    generator = None
+    if objective.needs_generator:
+        generator = instantiate(cfg.generator, disc_cfg, token_counts=torch.as_tensor(dm.token_counts), special=special)
+        if generator.neural:
+            instantiate(cfg.sharing).tie(generator, model)
+    fast.apply_runtime(cfg.runtime, model, generator)  # speed only: fast dropout masks, torch.compile
+    return model, generator, objective
+
+
+def system(cfg: DictConfig, model, generator, objective) -> pl.LightningModule:
+    """The training algorithm's LightningModule (config group `algorithm`) with the optimizer settings."""
+    return instantiate(
+        cfg.algorithm,
+        model=model,
+        generator=generator,
+        objective=objective,
+        lr=cfg.optim.lr,
+        betas=list(cfg.optim.betas),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+        warmup_steps=cfg.optim.warmup_steps,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        max_steps=cfg.trainer.max_steps,
+        log_every_n_steps=cfg.logger.log_every_n_steps,
+        fused_adam=None if cfg.runtime.fused_adam == "auto" else bool(cfg.runtime.fused_adam),
+        _recursive_=False,
+    )
+
+
+def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback]) -> pl.Trainer:
+    """The Lightning Trainer: the `trainer` group's placement and steps, checkpoints every
+    trainer.checkpoint_every_n_steps under `store`, no Lightning logger (metrics go to MLflow in batches)."""
+    return pl.Trainer(
+        max_steps=cfg.trainer.max_steps,
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        strategy=cfg.trainer.strategy,
+        num_nodes=cfg.trainer.num_nodes,
+        precision=resolve_precision(cfg),
+        # Algorithms that step their optimizers by hand clip and accumulate themselves.
+        gradient_clip_val=cfg.optim.max_grad_norm if automatic_optimization else None,
+        accumulate_grad_batches=cfg.trainer.accumulate_grad_batches if automatic_optimization else 1,
+        logger=False,
+        enable_progress_bar=cfg.trainer.enable_progress_bar,
+        enable_model_summary=False,
+        default_root_dir=str(store),
+        callbacks=[
+            pl.callbacks.ModelCheckpoint(dirpath=str(store / "checkpoints"), every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
+                                         save_top_k=0, save_last=True),
+            *([fast.CompileTimer()] if cfg.runtime.compile else []),
+            *callbacks,
+        ],
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+
+
+def step_flops(cfg: DictConfig, model: ElectraForPretraining, generator, global_batch: int) -> dict[str, float]:
+    """Paper accounting: FLOPs of one optimizer step over the global batch (all devices, all micro-batches), for
+    joint training and for each stage of two-stage training."""
+    gen_cfg = generator.config if generator is not None and generator.neural else None
+    heads = get_class(cfg.objective._target_).flops
+    args = (model.config, gen_cfg, heads, global_batch, cfg.data.max_seq_length)
+    return {stage: pretrain_flops_per_step(*args, stage=stage) for stage in STAGES}
+

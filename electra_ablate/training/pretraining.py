@@ -1,0 +1,204 @@
+"""One pre-training run, from a composed config to a recorded checkpoint.
+
+Check the config, find finished or interrupted work of the same identity in MLflow, build the pieces
+(training/build.py), train with Lightning, save the pre-trained network (models/checkpoint.py format) and
+record it. Outputs live under `<paths.output_root>/pretrain/<experiment>/<config hash>/` so a run with the
+same config is found again: a finished one is skipped, an interrupted one resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from electra_ablate.common import io
+from electra_ablate.data.corpus import corpus_budget, passes_warning
+from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
+from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.tracking.store import IdentityLock
+from electra_ablate.training import build
+from electra_ablate.training.checks import validate
+
+log = logging.getLogger(__name__)
+
+
+def run_tags(cfg: DictConfig, cfg_hash: str) -> dict[str, str]:
+    gen = cfg.generator
+    return {
+        tracking.TAG_KIND: "pretrain",
+        "objective": cfg.objective.name,
+        "sharing": cfg.sharing.name,
+        "algorithm": cfg.algorithm.name,
+        "generator": get_class(gen._target_).label,  # neural | uniform | unigram
+        "weighting": cfg.weighting.name,
+        "generator_hidden_size": str(gen.get("hidden_size", "")),
+        "generator_layers": str(gen.get("layers", "")),
+        "model": cfg.model.name,
+        "disc_hidden_size": str(cfg.model.hidden_size),
+        "seed": str(cfg.seed),
+        "git_commit": tracking.git_commit(),
+        tracking.TAG_CONFIG_HASH: cfg_hash,
+        tracking.TAG_SWEEP: str(cfg.sweep.name or ""),
+        tracking.TAG_VARIANT: str(cfg.sweep.variant or cfg.run_name),
+    }
+
+
+def data_provenance(dm: PretrainDataModule) -> dict[str, str]:
+    """Digests of the vocabulary and the packed examples: run params for checking that two runs saw the same
+    data, kept out of the run identity (the config hash), which the config alone decides."""
+    return {tracking.PARAM_VOCAB_SHA256: dm.vocab_sha256, tracking.PARAM_EXAMPLES_SHA256: dm.examples_sha256}
+
+
+
+
+class ExportPretrained(pl.Callback):
+    """Saves the pre-trained network at the configured fractions of training (for learning curves)."""
+
+    def __init__(self, steps: list[int], save: Callable[[int], Path]):
+        self.steps = set(steps)
+        self.save = save
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step in self.steps:
+            self.save(trainer.global_step)
+
+
+
+def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | None:
+    """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure)."""
+    validate(cfg)
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    cfg_hash = tracking.config_hash(cfg)
+    store = Path(cfg.paths.output_root) / "pretrain" / cfg.logger.experiment / cfg_hash
+    # One process per identity: a second one would write the same checkpoints and the same MLflow run.
+    with IdentityLock(store / "run.lock", f"pre-training {cfg.run_name} (config {cfg_hash}, outputs {store})"):
+        return _train(cfg, client, cfg_hash, store, callbacks)
+
+
+def missing_outputs(run) -> list[str]:
+    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk."""
+    tags = run.data.tags
+    paths = [tags[tracking.TAG_CHECKPOINT]] if tracking.TAG_CHECKPOINT in tags else []
+    paths += list(json.loads(tags.get("checkpoints", "{}")).values())
+    if not paths:
+        return ["(no checkpoint_path tag)"]
+    return [p for p in dict.fromkeys(paths) if not all((Path(p) / f).is_file() for f in (CONFIG_NAME, MODEL_NAME))]
+
+
+def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[pl.Callback] | None) -> str | None:
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    done = next((r for r in runs if r.info.status == "FINISHED"), None)
+    if done is not None:
+        missing = missing_outputs(done)
+        if not missing:
+            tracking.retire_stale(client, runs, keep=done.info.run_id)
+            log.info("already pre-trained: run %s (config %s); nothing to do", done.info.run_id, cfg_hash)
+            return done.info.run_id
+        log.warning("run %s (config %s) FINISHED but its outputs are gone (%s); pre-training again in the same run",
+                    done.info.run_id, cfg_hash, ", ".join(missing))
+    # One run per identity: the finished run whose outputs are gone, else the newest interrupted one.
+    previous = done if done is not None else (runs[0] if runs else None)
+
+    ckpt_dir = store / "checkpoints"
+    last_ckpt = ckpt_dir / "last.ckpt"
+    pl.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+
+    dm = build.data_module(cfg)
+    dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
+    special = SpecialIds(*dm.special)
+    model, generator, objective = build.build_networks(cfg, dm, special)
+    system = build.system(cfg, model, generator, objective)
+
+    exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
+
+    def save(step: int, name: str | None = None) -> Path:
+        nets = system.exported_networks()
+        path = save_pretrained(
+            store / "pretrained" / (name or f"step_{step}"),
+            nets.model,
+            dm.vocab_path,
+            meta={
+                "objective": cfg.objective.name,
+                "sharing": cfg.sharing.name,
+                "algorithm": cfg.algorithm.name,
+                "model_name": cfg.model.name,
+                "do_lower_case": bool(cfg.data.lowercase),
+                "step": step,
+                "run_id": run.run_id,
+                "flops": system.flops_at(step),
+            },
+            generator=nets.generator,
+        )
+        exported[str(step)] = str(path)
+        io.write_text(store / "checkpoints.json", json.dumps(exported, indent=1, sort_keys=True))
+        run.set_tags({"checkpoints": json.dumps(exported, sort_keys=True)})
+        return path
+
+    export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
+    trainer = build.trainer(cfg, store, system.automatic_optimization, [ExportPretrained(export_steps, save), *(callbacks or [])])
+    global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
+    system.stage_flops = build.step_flops(cfg, model, generator, global_batch)
+    system.flops_per_step = system.stage_flops["joint"]
+    # How often this run goes over its corpus, against the paper's ~5 passes (ELECTRA-Small, 3.3B tokens).
+    budget = corpus_budget(dm.cache.meta["num_tokens"], dm.num_examples, cfg.trainer.max_steps,
+                           cfg.data.batch_size * trainer.accumulate_grad_batches * trainer.world_size,
+                           cfg.data.max_seq_length)
+    log.info("corpus: %.1fM word pieces in %d examples; the run sees %.2fB tokens: %.1f passes over it",
+             budget["corpus/tokens"] / 1e6, budget["corpus/examples"], budget["corpus/tokens_to_see"] / 1e9,
+             budget["corpus/passes"])
+    warning = passes_warning(budget)
+    if warning:
+        log.warning(warning)
+
+    # The identity's run continues: from the last checkpoint when there is one (metrics already logged are
+    # not logged again), else from step 0 in place. RUNNING leftovers of dead processes are marked KILLED.
+    resume = previous is not None and last_ckpt.is_file()
+    if previous is not None:
+        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
+        if previous.info.status == "FINISHED":
+            how += "; its outputs were missing"
+        run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
+        log.info("run %s (%s): %s", previous.info.run_id, previous.info.status, how)
+    else:
+        run = tracking.RunLogger.start(
+            client,
+            cfg.logger.experiment,
+            run_name=cfg.run_name,
+            tags=run_tags(cfg, cfg_hash),
+            params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
+                    "runtime.resolved_precision": build.resolve_precision(cfg),
+                    **{k: str(round(v, 4) if isinstance(v, float) else v) for k, v in budget.items()}},
+        )
+        run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
+        run.log_metrics(budget, 0)
+    tracking.retire_stale(client, runs, keep=run.run_id)
+    system.metrics_sink = run.log_metrics
+    system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
+    system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
+    try:
+        trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None)
+        if trainer.interrupted:
+            raise KeyboardInterrupt("pre-training was interrupted")
+        final = save(trainer.global_step, "final")
+        run.log_metrics({"flops/total": system.flops_at(trainer.global_step)}, trainer.global_step)
+        run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
+        run.finish("FINISHED")
+    except BaseException as error:
+        status, reason = tracking.end_status(error)
+        run.finish(status, reason)
+        if cfg.sweep.keep_going and isinstance(error, Exception):
+            log.exception("pre-training failed; run %s marked %s, going on (sweep.keep_going=true)", run.run_id, status)
+            return None
+        raise
+    log.info("pre-trained %s -> %s (MLflow run %s)", cfg.run_name, final, run.run_id)
+    return run.run_id
