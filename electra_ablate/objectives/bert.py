@@ -15,6 +15,7 @@ class Bert(Objective):
     display_name = "BERT (MLM)"
     paper = "section 3.3, Table 5 (GLUE 82.2)"
     flops = Heads("mlm", MASKED_FRACTION, generator=False)
+
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         masked = self.mask(batch)
         hidden = nets.model(masked.input_ids, batch.attention_mask, batch.token_type_ids)

@@ -16,6 +16,7 @@ class ReplaceMLM(GeneratorObjective):
     display_name = "Replace MLM"
     paper = "section 3.3, Table 5 (GLUE 82.4)"
     flops = Heads("mlm", MASKED_FRACTION, generator=True)
+
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
         selected = fake.masked.selected
