@@ -158,9 +158,27 @@ def _legacy_weighting(container: dict) -> dict:
     return container
 
 
+# Keys added to a config group after run identities were first recorded, with the value that reproduces what
+# runs did before the key existed: identities leave such a key out while it has that value, so adding an
+# option never re-runs finished work, and choosing another value makes a new identity.
+NEW_KEY_DEFAULTS: dict[str, object] = {}
+
+
+def _drop_new_key_defaults(container: dict) -> dict:
+    for dotted, default in NEW_KEY_DEFAULTS.items():
+        *parents, key = dotted.split(".")
+        node = container
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node and node[key] == default:
+            del node[key]
+    return container
+
+
 def identity(cfg: DictConfig) -> dict:
     """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
-    container = _legacy_weighting(_legacy_targets(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)))
+    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    container = _drop_new_key_defaults(_legacy_weighting(_legacy_targets(container)))
     assert isinstance(container, dict)
     out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
     if isinstance(out.get("trainer"), dict):
