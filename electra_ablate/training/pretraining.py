@@ -17,6 +17,7 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from electra_ablate.common import io
 from electra_ablate.data.corpus import corpus_budget, passes_warning
@@ -74,14 +75,33 @@ class ExportPretrained(pl.Callback):
 
 
 def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | None:
-    """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure)."""
+    """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure, and in every
+    process of a multi-process run but the first)."""
     validate(cfg)
-    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     cfg_hash = tracking.config_hash(cfg)
     store = Path(cfg.paths.output_root) / "pretrain" / cfg.logger.experiment / cfg_hash
+    if rank_zero_only.rank != 0:
+        # Another process of a DDP run (Lightning started it with the same command line): it trains its
+        # shard of every global batch; the first process alone holds the lock, the MLflow run and the outputs.
+        _replica(cfg, store, callbacks)
+        return None
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     # One process per identity: a second one would write the same checkpoints and the same MLflow run.
     with IdentityLock(store / "run.lock", f"pre-training {cfg.run_name} (config {cfg_hash}, outputs {store})"):
         return _train(cfg, client, cfg_hash, store, callbacks)
+
+
+def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) -> None:
+    pl.seed_everything(cfg.seed, workers=True)  # the same initial weights on every rank (DDP also broadcasts)
+    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+    dm = build.data_module(cfg)
+    dm.prepare()
+    model, generator, objective = build.build_networks(cfg, dm, SpecialIds(*dm.special))
+    system = build.system(cfg, model, generator, objective)
+    trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
+    system.seed = cfg.seed
+    last_ckpt = store / "checkpoints" / "last.ckpt"
+    trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None)
 
 
 def missing_outputs(run) -> list[str]:
@@ -118,6 +138,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     special = SpecialIds(*dm.special)
     model, generator, objective = build.build_networks(cfg, dm, special)
     system = build.system(cfg, model, generator, objective)
+    system.seed = cfg.seed
 
     exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
 

@@ -97,6 +97,9 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         self._window_start = time.perf_counter()
         self._last_logged = -1
         self._pending_rng: dict | None = None
+        # The run's seed, set by the entry point: the processes of a DDP run after the first draw their masks
+        # and samples from streams of their own, derived from it.
+        self.seed: int | None = None
 
     @property
     def nets(self) -> Networks:
@@ -171,6 +174,13 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def log_window(self, step: int) -> dict[str, float]:
         names = sorted(self._sums)
         stacked = torch.stack([self._sums[k] for k in names])  # (M, 2) [sum, count]
+        tokens = self._tokens
+        if self._trainer is not None and self.trainer.world_size > 1:
+            # Every rank closes the same windows, so the sums of all ranks are added up (a collective) and
+            # each logged value is the average over the global batch, as a single process would log it.
+            both = torch.cat([stacked.flatten(), torch.tensor([float(tokens)], device=stacked.device)])
+            both = self.trainer.strategy.reduce(both, reduce_op="sum")
+            stacked, tokens = both[:-1].view(-1, 2), float(both[-1])
         values = (stacked[:, 0] / stacked[:, 1].clamp(min=1)).tolist()  # one device->host copy per window
         metrics = {f"train/{k}": v for k, v in zip(names, values)}
         if not np.isfinite(metrics.get("train/loss", 0.0)):
@@ -181,7 +191,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
             metrics["train/disc_auc"] = float(self.auroc.compute())
             self.auroc.reset()
         now = time.perf_counter()
-        metrics["train/tokens_per_s"] = self._tokens / max(now - self._window_start, 1e-9)
+        metrics["train/tokens_per_s"] = tokens / max(now - self._window_start, 1e-9)
         metrics.update(self.window_metrics(step))
         self._sums, self._tokens, self._window_start = {}, 0, now
         self.history.append((step, metrics))
@@ -201,6 +211,10 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         self.maybe_log_window()
         if self.metrics_flush is not None:
             self.metrics_flush()
+        if self._sums and self.trainer.world_size > 1:  # every rank saves: gather the open window on the first
+            names = sorted(self._sums)
+            total = self.trainer.strategy.reduce(torch.stack([self._sums[k] for k in names]), reduce_op="sum")
+            self._sums = {k: (total[i] if self.global_rank == 0 else torch.zeros_like(total[i])) for i, k in enumerate(names)}
         # Masking, sampling and dropout draw from torch's generators only (the data order has its own seeded
         # permutation), so those are the states to carry; tensors keep the checkpoint loadable weights-only.
         checkpoint["rng"] = {
@@ -214,6 +228,11 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._pending_rng = checkpoint.get("rng")
         self._sums = dict(checkpoint.get("metric_sums", {}))
+        if self.global_rank > 0:
+            # The saved window sums are every rank's (reduced in on_save_checkpoint): one copy, kept by the first
+            # process; the others restart from zero with the same names, for the reduction at the window's end.
+            self._sums = {k: torch.zeros_like(v) for k, v in self._sums.items()}
+            return
         for k, v in checkpoint.get("auroc", {}).items():
             setattr(self.auroc, k, v)
         self.auroc._update_count = checkpoint.get("auroc_updates", 0)
@@ -228,3 +247,6 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] is not None and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.global_rank > 0 and self.seed is not None:
+            # Checkpoints carry the first process's generator state; the others must not repeat its masks.
+            torch.manual_seed(int(np.random.SeedSequence([self.seed, self.global_rank, self.global_step]).generate_state(1)[0]))
