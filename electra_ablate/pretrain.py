@@ -25,11 +25,11 @@ from electra_ablate.models import fast
 from electra_ablate.common import precision
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
-from electra_ablate.data.corpus import corpus_budget, passes_warning
-from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.data.budget import corpus_budget, passes_warning
+from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, share_weights
-from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.tracking.store import IdentityLock
 
 log = logging.getLogger(__name__)
@@ -242,7 +242,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
 
     on_gpu = torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-    # conf/data names the corpus's module: one file (data.PretrainDataModule) or many (corpus.py). Called
+    # conf/data names the corpus's module: one file (PretrainDataModule) or many (TextFilesDataModule, HFDatasetDataModule). Called
     # directly rather than through instantiate() so that a DataError reaches the user unwrapped.
     data_args = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=True)
     dm: PretrainDataModule = hydra.utils.get_class(data_args.pop("_target_"))(
@@ -253,7 +253,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
         seed=cfg.seed,
     )
     dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
-    special = SpecialIds(*dm.special)
+    special = dm.special
     model, generator, objective = build_networks(cfg, dm, special)
 
     system = instantiate(

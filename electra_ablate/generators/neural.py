@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
-from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.common.tokens import SpecialIds
 
 
 class NeuralGenerator(ElectraForPretraining):

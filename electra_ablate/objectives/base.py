@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from electra_ablate.common.tokens import SpecialIds
+
 
 IGNORE = -100
 
@@ -25,14 +27,6 @@ class Batch(NamedTuple):
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) 1 = token, 0 = pad
     token_type_ids: torch.Tensor  # (B, T)
-
-
-class SpecialIds(NamedTuple):
-    pad: int
-    unk: int
-    cls: int
-    sep: int
-    mask: int
 
 
 class Masked(NamedTuple):

@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from electra_ablate.models.encoder import Networks
-from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, SpecialIds, disc_sums, ratio, rtd_loss
+from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, ratio, rtd_loss
 
 
 LEARNED = "learned"
