@@ -8,6 +8,8 @@ import json
 import logging
 import lzma
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
+from electra_ablate.common.io import atomic_file
 from electra_ablate.data import corpus_build as C
 from electra_ablate.data import wordpiece_shards as W
 from electra_ablate.data.budget import corpus_budget, passes_warning
@@ -235,6 +238,19 @@ def test_a_killed_build_resumes_without_tokenizing_finished_shards(reference, tm
     if workers == 1:  # in order, so shards after the kill are left to do; parallel workers may finish them all
         assert len(tokenized) > 0
     assert_same_examples(ref, resumed)
+
+
+def test_only_the_shard_temporaries_of_killed_writers_are_removed(tmp_path):
+    # A tokenizer process killed while writing leaves its temporary behind, named with its pid.
+    code = ("import os, sys; from electra_ablate.common.io import atomic_file; "
+            "atomic_file(sys.argv[1]).__enter__().write_bytes(b'half'); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(W.shard_path(tmp_path, 0))], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (dead,) = tmp_path.glob(".shard_*")
+    with atomic_file(W.shard_path(tmp_path, 1)) as live:  # a writer still at work: this process
+        C._remove_stale_temporaries(tmp_path)
+        assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_0000001.npz"]
 
 
 # --- Hugging Face datasets -----------------------------------------------------------------------------------
