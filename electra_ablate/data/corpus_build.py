@@ -48,7 +48,8 @@ from electra_ablate.data.tokenizer import load_tokenizer, read_vocab
 
 log = logging.getLogger(__name__)
 
-# Bump when the shard layout or the line rules below change: old token shards are then rebuilt, never misread.
+# Bump when the shard layout or the line rules (here and in corpus_files.py) change: old token shards are then
+# rebuilt, never misread.
 TOKENS_FORMAT = 1
 SHARD_CHARS = 16 << 20  # text per shard: ~3.5M word pieces, a few seconds of one core; bounds memory per worker
 PROGRESS_SECONDS = 10.0
