@@ -36,7 +36,7 @@ from electra_ablate.glue import submit
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.models.checkpoint import CheckpointError, encoder_config, load_pretrained
-from electra_ablate.data.pretraining import load_tokenizer, read_vocab
+from electra_ablate.data.tokenizer import load_tokenizer, read_vocab
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
 from electra_ablate.tracking.store import IdentityLock

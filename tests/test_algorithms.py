@@ -25,7 +25,7 @@ from electra_ablate.sweep import runner as sweep
 from electra_ablate.algorithms.adversarial import baseline_loss, reinforce_loss
 from electra_ablate.algorithms.two_stage import TwoStage
 from electra_ablate.models.checkpoint import load_pretrained
-from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.objectives.electra import Electra
 from electra_ablate.training import checks
 from electra_ablate.weighting.learned import LearnedWeights

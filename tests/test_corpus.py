@@ -8,6 +8,8 @@ import json
 import logging
 import lzma
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +19,16 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
-from electra_ablate.data import corpus as C
-from electra_ablate.data import pretraining as D
 from electra_ablate import pretrain
+from electra_ablate.common.io import atomic_file
+from electra_ablate.data import corpus_build as C
 from electra_ablate.data import wordpiece_shards as W
-from electra_ablate.data.pretraining import DataError, build_or_load
+from electra_ablate.data.budget import corpus_budget, passes_warning
+from electra_ablate.data.cache import _ARRAYS, PretrainCache, build_or_load
+from electra_ablate.data.corpus_files import TextFiles
+from electra_ablate.data.errors import DataError
+from electra_ablate.data.hf_corpus import HFDataset
+from electra_ablate.data.module import HFDatasetDataModule, TextFilesDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -51,16 +58,16 @@ def as_text(docs: list[list[str]]) -> str:
     return "".join("\n".join(doc) + "\n\n" for doc in docs)
 
 
-def assert_same_examples(a: D.PretrainCache, b: D.PretrainCache) -> None:
-    for name in D._ARRAYS:
+def assert_same_examples(a: PretrainCache, b: PretrainCache) -> None:
+    for name in _ARRAYS:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     for key in ("num_examples", "num_tokens", "num_docs", "dtype", "vocab_size"):
         assert a.meta[key] == b.meta[key], key
 
 
-def build(paths, cache_dir, **kw) -> D.PretrainCache:
+def build(paths, cache_dir, **kw) -> PretrainCache:
     args = dict(vocab_file=VOCAB, cache_dir=cache_dir, max_seq_length=64, workers=1, shard_chars=SMALL_SHARDS)
-    return C.build_or_load_corpus(C.TextFiles([str(p) for p in paths], kw.pop("text_field", "text")),
+    return C.build_or_load_corpus(TextFiles([str(p) for p in paths], kw.pop("text_field", "text")),
                                   **{**args, **kw})
 
 
@@ -97,7 +104,7 @@ def write_formats(folder: Path, docs: list[list[str]]) -> list[Path]:
 def test_single_file_in_parallel_shards_equals_todays_build(reference, tmp_path, monkeypatch, caplog):
     path, ref = reference
     monkeypatch.setattr(C, "PROGRESS_SECONDS", 0.0)
-    with caplog.at_level(logging.INFO, logger="electra_ablate.data.corpus"):
+    with caplog.at_level(logging.INFO, logger="electra_ablate.data.corpus_build"):
         ours = build([path], tmp_path, workers=2)
     assert ours.meta["num_shards"] >= 4 and ours.meta["build_workers"] == 2
     assert_same_examples(ref, ours)
@@ -113,7 +120,7 @@ def test_single_file_in_parallel_shards_equals_todays_build(reference, tmp_path,
 
 def test_sample_at_length_128_equals_todays_build(tmp_path):
     ref = build_or_load(corpus=CORPUS, vocab_file=VOCAB, cache_dir=tmp_path / "a", max_docs=300)
-    ours = C.build_or_load_corpus(C.TextFiles([CORPUS]), vocab_file=VOCAB, cache_dir=tmp_path / "b",
+    ours = C.build_or_load_corpus(TextFiles([CORPUS]), vocab_file=VOCAB, cache_dir=tmp_path / "b",
                                   max_docs=300, workers=2, shard_chars=1 << 17)
     assert ours.meta["num_shards"] >= 2
     assert_same_examples(ref, ours)
@@ -188,12 +195,12 @@ def test_a_bad_shard_is_named_with_its_line(tmp_path, kind):
 
 def test_paths_that_name_nothing_fail_before_compute(tmp_path):
     with pytest.raises(DataError, match=r"entry '.*missing\*\.txt' matches no file"):
-        C.TextFiles([str(tmp_path / "missing*.txt")])
+        TextFiles([str(tmp_path / "missing*.txt")])
     with pytest.raises(DataError, match="must be a non-empty list"):
-        C.TextFiles([])
+        TextFiles([])
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError, match="empty.txt are empty"):
-        C.TextFiles([str(tmp_path)])
+        TextFiles([str(tmp_path)])
 
 
 # --- resuming ----------------------------------------------------------------------------------------------
@@ -233,6 +240,19 @@ def test_a_killed_build_resumes_without_tokenizing_finished_shards(reference, tm
     assert_same_examples(ref, resumed)
 
 
+def test_only_the_shard_temporaries_of_killed_writers_are_removed(tmp_path):
+    # A tokenizer process killed while writing leaves its temporary behind, named with its pid.
+    code = ("import os, sys; from electra_ablate.common.io import atomic_file; "
+            "atomic_file(sys.argv[1]).__enter__().write_bytes(b'half'); os._exit(0)")
+    subprocess.run([sys.executable, "-c", code, str(W.shard_path(tmp_path, 0))], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    (dead,) = tmp_path.glob(".shard_*")
+    with atomic_file(W.shard_path(tmp_path, 1)) as live:  # a writer still at work: this process
+        C._remove_stale_temporaries(tmp_path)
+        assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard_0000001.npz"]
+
+
 # --- Hugging Face datasets -----------------------------------------------------------------------------------
 
 
@@ -249,22 +269,22 @@ def saved_dataset(tmp_path_factory):
 @pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streaming"])
 def test_local_datasets_dataset_gives_the_same_examples(reference, saved_dataset, tmp_path, streaming):
     _, ref = reference
-    dm = C.HFDatasetDataModule(name=str(saved_dataset), split="train", streaming=streaming, vocab_file=str(VOCAB),
+    dm = HFDatasetDataModule(name=str(saved_dataset), split="train", streaming=streaming, vocab_file=str(VOCAB),
                                cache_dir=str(tmp_path), max_seq_length=64, batch_size=4, build_workers=2)
     assert_same_examples(ref, dm.prepare())
     assert "Hugging Face dataset" in dm.cache.meta["corpus"]
-    other = C.build_or_load_corpus(C.HFDataset(str(saved_dataset), split="validation"), vocab_file=VOCAB,
+    other = C.build_or_load_corpus(HFDataset(str(saved_dataset), split="validation"), vocab_file=VOCAB,
                                    cache_dir=tmp_path, max_seq_length=64, workers=1)
     assert other.directory != dm.cache.directory and other.meta["num_docs"] == 10
 
 
 def test_dataset_errors_name_the_fix(saved_dataset, tmp_path):
     with pytest.raises(DataError, match=r"no split 'test' \(it has \['train', 'validation'\]\)"):
-        C.HFDataset(str(saved_dataset), split="test").dataset
+        HFDataset(str(saved_dataset), split="test").dataset
     with pytest.raises(DataError, match=r"no column 'body'.*data.text_column"):
-        C.HFDataset(str(saved_dataset), text_column="body").dataset
+        HFDataset(str(saved_dataset), text_column="body").dataset
     with pytest.raises(DataError, match=r"cannot be loaded.*data.name"):
-        C.HFDataset(str(tmp_path / "no_such_dataset_here")).dataset
+        HFDataset(str(tmp_path / "no_such_dataset_here")).dataset
 
 
 # --- configs and runs --------------------------------------------------------------------------------------
@@ -281,23 +301,23 @@ def test_configs_instantiate_the_corpus_modules(saved_dataset, tmp_path):
     cfg = compose_pretrain(tmp_path, "data=text_files", f"data.paths=[{tmp_path}/corpus]", "data.batch_size=4")
     dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=0, num_workers=0, pin_memory=False,
                      build_workers=1)
-    assert isinstance(dm, C.TextFilesDataModule) and dm.prepare().meta["num_docs"] == 40
+    assert isinstance(dm, TextFilesDataModule) and dm.prepare().meta["num_docs"] == 40
     assert dm.special.mask == 103 and dm.num_examples >= 4
     cfg = compose_pretrain(tmp_path, "data=hf_dataset", f"data.name={saved_dataset}", "data.max_docs=30", "data.batch_size=4")
     dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=0, num_workers=0, pin_memory=False)
-    assert isinstance(dm, C.HFDatasetDataModule) and dm.prepare().meta["num_docs"] == 30
+    assert isinstance(dm, HFDatasetDataModule) and dm.prepare().meta["num_docs"] == 30
 
 
 def test_passes_over_the_corpus_and_the_warning():
     # The issue's numbers: ELECTRA-Small's 1M steps x 128 x 128 over the ~60M-token Wikipedia slice.
-    small_on_slice = C.corpus_budget(60_000_000, 470_000, 1_000_000, 128, 128)
+    small_on_slice = corpus_budget(60_000_000, 470_000, 1_000_000, 128, 128)
     assert small_on_slice["corpus/tokens_to_see"] == 16_384_000_000
     assert round(small_on_slice["corpus/passes"]) == 273
     assert small_on_slice["corpus/example_epochs"] == pytest.approx(1_000_000 * 128 / 470_000)
-    warning = C.passes_warning(small_on_slice)
+    warning = passes_warning(small_on_slice)
     assert "273 passes" in warning and "~5 for ELECTRA-Small" in warning and "data=text_files" in warning
-    paper = C.corpus_budget(3_300_000_000, 26_000_000, 1_000_000, 128, 128)
-    assert round(paper["corpus/passes"]) == 5 and C.passes_warning(paper) is None
+    paper = corpus_budget(3_300_000_000, 26_000_000, 1_000_000, 128, 128)
+    assert round(paper["corpus/passes"]) == 5 and passes_warning(paper) is None
 
 
 def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):

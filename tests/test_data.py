@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lzma
 import os
+import random
 import shutil
 from pathlib import Path
 
@@ -15,8 +16,13 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from electra_ablate.data import pretraining as D
-from electra_ablate.data.pretraining import DataError, ExampleBuilder, PretrainDataModule, build_or_load
+from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
+from electra_ablate.data import tokenizer as T
+from electra_ablate.data.cache import _ARRAYS, build_or_load
+from electra_ablate.data.errors import DataError
+from electra_ablate.data.examples import ExampleBuilder
+from electra_ablate.data.module import PretrainBatches, PretrainDataModule, collate
+from electra_ablate.data.text import iter_corpus_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -61,24 +67,24 @@ def test_tokenizer_matches_reference_wordpiece():
     vocab = legacy.load_vocab(str(VOCAB))
     basic = legacy.BasicTokenizer(do_lower_case=True)
     wordpiece = legacy.WordpieceTokenizer(vocab, unk_token="[UNK]", max_input_chars_per_word=200)
-    lines = [line for line in D.iter_corpus_lines(CORPUS, max_docs=80) if line]
+    lines = [line for line in iter_corpus_lines(CORPUS, max_docs=80) if line]
     lines += ["Literal [SEP] and [MASK] stay text", "Crème brûlée, naïve café", "x" * 150, "中文字"]
-    ours = D._encode_lines(D.load_tokenizer(VOCAB), lines)
+    ours = T._encode_lines(T.load_tokenizer(VOCAB), lines)
     ref = [[vocab[p] for w in basic.tokenize(line) for p in wordpiece.tokenize(w)] for line in lines]
     assert ours == ref
 
 
 def test_special_tokens_of_bert_vocab():
-    assert D.special_tokens(VOCAB) == D.SpecialTokens(pad=0, unk=100, cls=101, sep=102, mask=103)
+    assert T.special_tokens(VOCAB) == SpecialIds(pad=0, unk=100, cls=101, sep=102, mask=103)
 
 
 def test_vocab_errors_name_file_and_problem(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        D.load_tokenizer(tmp_path / "nope.txt")
+        T.load_tokenizer(tmp_path / "nope.txt")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     with pytest.raises(DataError, match=r"empty\.txt is empty"):
-        D.load_tokenizer(empty)
+        T.load_tokenizer(empty)
     no_mask = tmp_path / "no_mask.txt"
     no_mask.write_text("".join(t + "\n" for t in VOCAB.read_text().splitlines() if t != "[MASK]"))
     with pytest.raises(DataError, match=r"no_mask\.txt lacks the special token\(s\) \[MASK\];") as err:
@@ -150,7 +156,7 @@ def test_short_target_lengths_follow_short_seq_prob(sample):
 def test_builder_accumulates_splits_and_truncates():
     # Token id = 1000 * line + position, so each example shows which lines it took and in what order.
     lines = [[1000 * i + k for k in range(n)] for i, n in enumerate([10, 10, 10, 10, 10, 10, 10, 300, 10])]
-    builder = ExampleBuilder(max_length=32, short_seq_prob=0.0, cls_id=CLS, sep_id=SEP, rng=D.random.Random(0))
+    builder = ExampleBuilder(max_length=32, short_seq_prob=0.0, cls_id=CLS, sep_id=SEP, rng=random.Random(0))
     examples = [e for e in map(builder.add_line, lines) if e] + [builder.flush()]
     first_lines = []
     for ex in examples:
@@ -167,7 +173,7 @@ def test_builder_accumulates_splits_and_truncates():
     assert len(long_example.input_ids) == 32  # truncated to max_length, as the reference does
     assert examples[2].input_ids == [CLS, *lines[8], SEP] and examples[2].segment_a_end == 12
     # A document boundary ends the pending example however short.
-    builder = ExampleBuilder(max_length=32, short_seq_prob=0.0, cls_id=CLS, sep_id=SEP, rng=D.random.Random(0))
+    builder = ExampleBuilder(max_length=32, short_seq_prob=0.0, cls_id=CLS, sep_id=SEP, rng=random.Random(0))
     assert builder.add_line([5, 6]) is None
     assert builder.add_line([]).input_ids == [CLS, 5, 6, SEP]
     assert builder.add_line([]) is None
@@ -178,13 +184,13 @@ def test_build_is_deterministic_and_loads_without_tokenizing(tmp_path, monkeypat
     b = small_dm(tmp_path / "b")
     a.prepare(), b.prepare()
     assert a.cache.directory.name == b.cache.directory.name
-    for name in D._ARRAYS:
+    for name in _ARRAYS:
         np.testing.assert_array_equal(getattr(a.cache, name), getattr(b.cache, name))
 
     def no_tokenizing(*args):
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(D, "_encode_lines", no_tokenizing)
+    monkeypatch.setattr(T, "_encode_lines", no_tokenizing)
     again = small_dm(tmp_path / "a")
     again.prepare()
     assert again.num_examples == a.num_examples and again.vocab_size == 30522
@@ -220,7 +226,7 @@ def test_xz_corpus_gives_the_same_examples(tmp_path):
     txt = build_or_load(corpus=tmp_path / "c.txt", vocab_file=VOCAB, cache_dir=tmp_path / "cache")
     xz = build_or_load(corpus=tmp_path / "c.txt.xz", vocab_file=VOCAB, cache_dir=tmp_path / "cache")
     assert txt.directory != xz.directory and txt.meta["num_docs"] == 40
-    for name in D._ARRAYS:
+    for name in _ARRAYS:
         np.testing.assert_array_equal(getattr(txt, name), getattr(xz, name))
     # max_docs cuts the same corpus at the same place.
     capped = build_or_load(corpus=CORPUS, vocab_file=VOCAB, cache_dir=tmp_path / "cache", max_docs=40)
@@ -229,7 +235,7 @@ def test_xz_corpus_gives_the_same_examples(tmp_path):
 
 def test_failed_build_leaves_no_cache(tmp_path, monkeypatch):
     calls = []
-    real = D._encode_lines
+    real = T._encode_lines
 
     def fail_second_time(tokenizer, lines):
         calls.append(len(lines))
@@ -237,12 +243,12 @@ def test_failed_build_leaves_no_cache(tmp_path, monkeypatch):
             raise RuntimeError("disk full")
         return real(tokenizer, lines)
 
-    monkeypatch.setattr(D, "_LINES_PER_ENCODE", 50)
-    monkeypatch.setattr(D, "_encode_lines", fail_second_time)
+    monkeypatch.setattr(T, "_LINES_PER_ENCODE", 50)
+    monkeypatch.setattr(T, "_encode_lines", fail_second_time)
     with pytest.raises(RuntimeError, match="disk full"):
         small_dm(tmp_path).prepare()
     assert list((tmp_path / "pretrain").iterdir()) == []
-    monkeypatch.setattr(D, "_encode_lines", real)
+    monkeypatch.setattr(T, "_encode_lines", real)
     assert small_dm(tmp_path).prepare().meta["num_docs"] == 150
 
 
@@ -250,7 +256,7 @@ def test_trained_vocabulary(tmp_path):
     dm = small_dm(tmp_path, train_vocab_size=1500, max_docs=100)
     dm.prepare()
     tokens = dm.vocab_path.read_text().splitlines()
-    assert tokens[:5] == list(D.SPECIAL_TOKENS) and dm.special == D.SpecialTokens(0, 1, 2, 3, 4)
+    assert tokens[:5] == list(SPECIAL_TOKENS) and dm.special == SpecialIds(0, 1, 2, 3, 4)
     assert dm.vocab_size == len(tokens) <= 1500 and len(tokens) > 1000
     assert dm.cache.input_ids.max() < dm.vocab_size
     assert (np.asarray(dm.cache.input_ids)[:, 0] == 2).all()
@@ -294,22 +300,22 @@ def test_order_is_a_seeded_permutation_per_epoch(tmp_path):
     dm.prepare()
     n = dm.num_examples
     per_epoch = n // 8
-    stream = D.PretrainBatches(dm.cache.directory, n, 8, seed=0)
+    stream = PretrainBatches(dm.cache.directory, n, 8, seed=0)
     rows = [stream.rows(g) for g in range(2 * per_epoch)]
     first, second = np.concatenate(rows[:per_epoch]), np.concatenate(rows[per_epoch:])
     assert len(set(first.tolist())) == len(first) == per_epoch * 8  # no repeats within an epoch
     assert not np.array_equal(first, second)  # each epoch gets its own permutation
-    other_seed = D.PretrainBatches(dm.cache.directory, n, 8, seed=1)
+    other_seed = PretrainBatches(dm.cache.directory, n, 8, seed=1)
     assert not np.array_equal(first, np.concatenate([other_seed.rows(g) for g in range(per_epoch)]))
     # The loader yields exactly these rows in this order, across the epoch boundary.
-    got = take(D.PretrainBatches(dm.cache.directory, n, 8, seed=0, start=per_epoch - 1), 2)
+    got = take(PretrainBatches(dm.cache.directory, n, 8, seed=0, start=per_epoch - 1), 2)
     for batch, g in zip(got, [per_epoch - 1, per_epoch]):
-        torch.testing.assert_close(batch, D.collate(dm.cache, rows[g]))
+        torch.testing.assert_close(batch, collate(dm.cache, rows[g]))
     # Two ranks take the global batches in turn: rank r's step s is global batch 2s + r.
     for rank in (0, 1):
-        got = take(D.PretrainBatches(dm.cache.directory, n, 8, seed=0, start=3, rank=rank, world_size=2), 2)
+        got = take(PretrainBatches(dm.cache.directory, n, 8, seed=0, start=3, rank=rank, world_size=2), 2)
         for batch, g in zip(got, [6 + rank, 8 + rank]):
-            torch.testing.assert_close(batch, D.collate(dm.cache, rows[g]))
+            torch.testing.assert_close(batch, collate(dm.cache, rows[g]))
 
 
 def test_workers_do_not_change_the_order(tmp_path):
@@ -414,4 +420,4 @@ def test_real_config_instantiates_the_datamodule(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         wiki = compose("pretrain", overrides=[f"paths.data_dir={DATA}", "data=wiki"]).data
     assert wiki.corpus == f"{DATA}/corpus/enwiki_2014_slice.txt.xz" and wiki.batch_size == 128
-    assert wiki._target_ == "electra_ablate.data.pretraining.PretrainDataModule" and wiki.short_seq_prob == 0.05
+    assert wiki._target_ == "electra_ablate.data.module.PretrainDataModule" and wiki.short_seq_prob == 0.05

@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import rankdata
 
 from electra_ablate.glue import tasks as glue
-from electra_ablate.data.pretraining import load_tokenizer
+from electra_ablate.data.tokenizer import load_tokenizer
 from electra_ablate.glue.system import LengthBucketBatchSampler, collate, sorted_batches
 
 REPO = Path(__file__).resolve().parents[1]

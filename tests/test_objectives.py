@@ -13,7 +13,8 @@ from electra_ablate.sharing.all import AllSharing
 from electra_ablate.sharing.embeddings import EmbeddingSharing
 from electra_ablate.sharing.none import NoSharing
 from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM, copy_distribution, copy_log_prob
-from electra_ablate.objectives.base import Batch, SpecialIds, mask_tokens, maskable, sample_tokens
+from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.objectives.base import Batch, mask_tokens, maskable, sample_tokens
 from electra_ablate.objectives.bert import Bert
 from electra_ablate.objectives.electra import Electra
 from electra_ablate.objectives.electra_15 import Electra15

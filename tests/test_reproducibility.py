@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("data_dir")
 
 # A 1000-piece vocabulary learned from the first 300 documents of the sample, as written by this code. Any
 # machine must produce exactly this file; a deliberate change to the learner bumps VOCAB_LEARNER_VERSION in
-# data.py and updates this digest.
+# data/cache.py and updates this digest.
 VOCAB_300_1000_SHA256 = "5e99e3f7f1de74136f0a2ca725c52bef98933a02c60e4df656d681b74225ad66"
 
 
@@ -28,7 +28,7 @@ def fresh_env(hash_seed: int) -> dict[str, str]:
 
 
 def vocab_in_new_process(corpus: Path, cache_dir: Path, hash_seed: int) -> str:
-    code = ("import sys; from electra_ablate.data.pretraining import train_vocab; "
+    code = ("import sys; from electra_ablate.data.cache import train_vocab; "
             "print(train_vocab(sys.argv[1], sys.argv[2], 1000, max_docs=300))")
     out = subprocess.run([sys.executable, "-c", code, str(corpus), str(cache_dir)], env=fresh_env(hash_seed),
                          capture_output=True, text=True, check=True, timeout=300)

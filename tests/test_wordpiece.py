@@ -6,10 +6,14 @@ from collections import Counter
 
 import pytest
 
-from electra_ablate.data import pretraining as D
+from electra_ablate.common.tokens import SPECIAL_TOKENS
+from electra_ablate.data import tokenizer as T
+from electra_ablate.data.cache import train_vocab
+from electra_ablate.data.errors import DataError
+from electra_ablate.data.text import iter_corpus_lines
 from electra_ablate.data import wordpiece as W
 
-SPECIALS = list(D.SPECIAL_TOKENS)
+SPECIALS = list(SPECIAL_TOKENS)
 
 
 def test_merges_most_frequent_pair_with_lexicographic_tie_break():
@@ -37,8 +41,8 @@ def test_too_small_a_size_is_a_data_error_naming_the_key(tmp_path):
         W.learn_vocab({"abc": 1}, len(SPECIALS) + 2, SPECIALS)
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog\n")
-    with pytest.raises(D.DataError, match="data.train_vocab_size=12 is too small"):
-        D.train_vocab(corpus, tmp_path / "cache", 12)
+    with pytest.raises(DataError, match="data.train_vocab_size=12 is too small"):
+        train_vocab(corpus, tmp_path / "cache", 12)
 
 
 def one_call_per_line(tok, lines) -> Counter:
@@ -47,24 +51,24 @@ def one_call_per_line(tok, lines) -> Counter:
 
 
 def test_count_words_equals_the_tokenizer_one_line_at_a_time(data_dir):
-    tok = D._bert_tokenizer(D.models.WordPiece(unk_token="[UNK]"), lowercase=True)
+    tok = T._bert_tokenizer(T.models.WordPiece(unk_token="[UNK]"), lowercase=True)
     # Unicode whitespace and control characters on which str.split and the pre-tokenizer could disagree.
     odd = ["a\x1cb\x1dc\x1ed\x1ff", "x\x85y\u2028z\u2029w", "no\xa0break\u3000ideo\u200bzero", "tab\tv\x0bf\x0c"]
     lines = ["Héllo, World!", "naïve\tcafé  ﬁne", "北京 is big", "end.", *odd] * 300  # more than one block
     blocked = W.count_words(lines, tok.normalizer, tok.pre_tokenizer)
     assert blocked == one_call_per_line(tok, lines) and blocked["hello"] == 300 and blocked["北"] == 300
-    corpus = [line for line in D.iter_corpus_lines(data_dir / "corpus" / "enwiki_sample_5mb.txt", 300) if line]
+    corpus = [line for line in iter_corpus_lines(data_dir / "corpus" / "enwiki_sample_5mb.txt", 300) if line]
     assert W.count_words(corpus, tok.normalizer, tok.pre_tokenizer) == one_call_per_line(tok, corpus)
 
 
 @pytest.mark.usefixtures("data_dir")
 def test_trained_vocab_is_a_wordpiece_vocab_that_covers_its_corpus(data_dir, tmp_path):
     corpus = data_dir / "corpus" / "enwiki_sample_5mb.txt"
-    path = D.train_vocab(corpus, tmp_path, 1000, max_docs=300)
-    tokens = D.read_vocab(path)
+    path = train_vocab(corpus, tmp_path, 1000, max_docs=300)
+    tokens = T.read_vocab(path)
     assert tokens[:5] == SPECIALS and len(tokens) == 1000 and len(set(tokens)) == 1000
-    tok = D.load_tokenizer(path)
-    words = W.count_words((line for line in D.iter_corpus_lines(corpus, 300) if line), tok.normalizer,
+    tok = T.load_tokenizer(path)
+    words = W.count_words((line for line in iter_corpus_lines(corpus, 300) if line), tok.normalizer,
                           tok.pre_tokenizer)
     alphabet = {t for t in tokens if len(t) == 1}
     for word in words:

@@ -54,11 +54,12 @@ from torch.utils.flop_counter import FlopCounterMode
 from electra_ablate.training import build, checks
 from electra_ablate.models import fast
 from electra_ablate.common import precision as precision_lib
-from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.flops import pretrain_flops_per_step
 from electra_ablate.hf.interop import electra_config, to_transformers_state_dict
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig, Networks
-from electra_ablate.objectives.base import Batch, SpecialIds, mask_tokens
+from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.objectives.base import Batch, mask_tokens
 from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,7 +179,7 @@ def load_data(cfg: DictConfig, device: torch.device, n_batches: int, num_workers
         batches.append({k: v.to(device, non_blocking=True) for k, v in b.items()})
         if len(batches) == n_batches:
             break
-    return Data(dm, SpecialIds(*dm.special), batches)
+    return Data(dm, dm.special, batches)
 
 
 def tokens(batch: dict[str, torch.Tensor]) -> int:
@@ -828,7 +829,7 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
     """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs,
     at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
     from electra_ablate.glue import tasks as glue
-    from electra_ablate.data.pretraining import load_tokenizer
+    from electra_ablate.data.tokenizer import load_tokenizer
     from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
                                                 layerwise_param_groups)
 
@@ -921,7 +922,8 @@ def section_data(s: Settings, rep: Report, model: str) -> None:
 
 def section_build(s: Settings, rep: Report) -> None:
     """A cold corpus build (data=text_files): word pieces per second, wall clock and per CPU-second."""
-    from electra_ablate.data.corpus import TextFiles, build_or_load_corpus
+    from electra_ablate.data.corpus_build import build_or_load_corpus
+    from electra_ablate.data.corpus_files import TextFiles
 
     if s.build_paths:
         paths = list(s.build_paths)

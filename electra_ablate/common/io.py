@@ -2,7 +2,9 @@
 one, and a crash leaves only a hidden temporary behind, which the next write replaces or ignores.
 
 `atomic_file` and `atomic_dir` hand out a temporary sibling of the target (same folder, so the final rename
-stays on one file system) and put it in place only when the `with` block ends without an error."""
+stays on one file system) and put it in place only when the `with` block ends without an error. A temporary
+file's name ends in `.tmp-<pid>` of its writer, so a cleanup can tell a killed writer's leftover (its process
+is gone) from a file being written right now."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yields a temporary path to write; on success it replaces `path`, on failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=f".tmp-{os.getpid()}")
     os.close(fd)
     try:
         yield Path(tmp)

@@ -1,10 +1,10 @@
 """Tokenizing one shard of a corpus into word-piece ids on disk: the work of a corpus build's worker processes.
 
-Kept apart from data.py and corpus.py so that a worker process imports only `tokenizers` and numpy (no torch),
-and starts in a fraction of a second. A shard file holds the word-piece ids of its lines end to end (`ids`)
-and the number of ids of each line (`line_lengths`, 0 for a document boundary or a line that tokenizes to
-nothing: the example builder treats both as the end of a document, as data.build_or_load does). It is written
-to a temporary name and renamed, so a shard file that exists is complete.
+Kept apart from the rest of the data package so that a worker process imports only `tokenizers` and numpy (no
+torch), and starts in a fraction of a second. A shard file holds the word-piece ids of its lines end to end
+(`ids`) and the number of ids of each line (`line_lengths`, 0 for a document boundary or a line that tokenizes
+to nothing: the example builder treats both as the end of a document, as cache.build_or_load does). It is
+written to a temporary name and renamed, so a shard file that exists is complete.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from electra_ablate.common.io import atomic_file
 
 LINES_PER_ENCODE = 2048  # lines per encode_batch call: bounds the memory of the Encoding objects
 _tokenizer: Tokenizer | None = None
@@ -54,10 +56,9 @@ def encode_lines(tokenizer: Tokenizer, lines: list[str]) -> tuple[np.ndarray, np
 
 
 def write_shard(path: Path, ids: np.ndarray, line_lengths: np.ndarray, dtype: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        np.savez(f, ids=ids.astype(dtype), line_lengths=line_lengths.astype(np.int32))
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, ids=ids.astype(dtype), line_lengths=line_lengths.astype(np.int32))
 
 
 def tokenize_shard(index: int, lines: list[str], directory: str, dtype: str,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.generators.base import GeneratorKind
 from electra_ablate.models.encoder import EncoderConfig
-from electra_ablate.objectives.base import SpecialIds
 
 
 class _FixedDistribution(nn.Module, GeneratorKind):

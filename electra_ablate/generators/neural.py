@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from electra_ablate.generators.base import GeneratorKind
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
-from electra_ablate.objectives.base import SpecialIds
+from electra_ablate.common.tokens import SpecialIds
 
 
 class NeuralGenerator(ElectraForPretraining, GeneratorKind):

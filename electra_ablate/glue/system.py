@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from electra_ablate.data.pretraining import worker_context
+from electra_ablate.common.loader import worker_context
 from electra_ablate.glue.tasks import Features, TaskSpec, compute_metrics
 from electra_ablate.models.encoder import ElectraModel
 from electra_ablate.training.optim import linear_warmup_decay, no_decay

@@ -19,6 +19,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 from torch import nn
 
+from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.models.flops import Heads
 
 
@@ -29,14 +30,6 @@ class Batch(NamedTuple):
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) 1 = token, 0 = pad
     token_type_ids: torch.Tensor  # (B, T)
-
-
-class SpecialIds(NamedTuple):
-    pad: int
-    unk: int
-    cls: int
-    sep: int
-    mask: int
 
 
 class Masked(NamedTuple):

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import Heads
-from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, SpecialIds, disc_sums, ratio, rtd_loss
+from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, ratio, rtd_loss
 from electra_ablate.weighting.base import LossWeighting
 from electra_ablate.weighting.fixed import FixedWeights
 

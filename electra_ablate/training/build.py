@@ -14,11 +14,11 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate.common import precision
-from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
-from electra_ablate.objectives.base import SpecialIds
 from electra_ablate.training.checks import MODEL_KEYS
 
 
@@ -31,7 +31,7 @@ def on_gpu(cfg: DictConfig) -> bool:
 
 
 def data_module(cfg: DictConfig) -> PretrainDataModule:
-    """conf/data names the corpus's module: one file (data.pretraining) or many (data.corpus). Called directly
+    """conf/data names the corpus's module: one file (PretrainDataModule) or many (TextFilesDataModule, HFDatasetDataModule). Called directly
     rather than through instantiate() so that a DataError reaches the user unwrapped."""
     data_args = OmegaConf.to_container(cfg.data, resolve=True, throw_on_missing=True)
     return get_class(data_args.pop("_target_"))(

@@ -20,10 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from electra_ablate.common import io
-from electra_ablate.data.corpus import corpus_budget, passes_warning
-from electra_ablate.data.pretraining import PretrainDataModule
+from electra_ablate.data.budget import corpus_budget, passes_warning
+from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
-from electra_ablate.objectives.base import SpecialIds
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
 from electra_ablate.training import build
@@ -96,7 +95,7 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
     dm = build.data_module(cfg)
     dm.prepare()
-    model, generator, objective = build.build_networks(cfg, dm, SpecialIds(*dm.special))
+    model, generator, objective = build.build_networks(cfg, dm, dm.special)
     system = build.system(cfg, model, generator, objective)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
     system.seed = cfg.seed
@@ -135,7 +134,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
 
     dm = build.data_module(cfg)
     dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
-    special = SpecialIds(*dm.special)
+    special = dm.special
     model, generator, objective = build.build_networks(cfg, dm, special)
     system = build.system(cfg, model, generator, objective)
     system.seed = cfg.seed

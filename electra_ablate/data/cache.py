@@ -1,0 +1,291 @@
+"""The tokenized corpus as a cache entry: memory-mapped arrays under `cache_dir/pretrain/<key>/`.
+
+The key hashes everything that changes the content (corpus, vocabulary, example settings, format), so every
+run with the same inputs reuses one entry, and an entry is put in place whole (written to a temporary folder,
+then renamed). A vocabulary trained on the corpus is cached the same way under `cache_dir/vocab/<key>/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from tokenizers import models
+
+from electra_ablate.common.io import atomic_dir
+from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
+from electra_ablate.data import wordpiece
+from electra_ablate.data.errors import DataError
+from electra_ablate.data.examples import Example, ExampleBuilder
+from electra_ablate.data.text import _corpus_fix, check_corpus, iter_corpus_lines
+from electra_ablate.data.tokenizer import (
+    MAX_INPUT_CHARS_PER_WORD,
+    _bert_tokenizer,
+    _encoded_chunks,
+    load_tokenizer,
+    read_vocab,
+)
+
+# Bump when the example rule or the stored layout changes: old caches are then rebuilt, never misread.
+FORMAT_VERSION = 1
+# Bump when the vocabulary learner's output can change: vocabularies cached by an older learner (among them the
+# process-dependent ones of tokenizers' WordPieceTrainer, version 1) are then rebuilt, never reused.
+VOCAB_LEARNER_VERSION = 2
+# Characters kept for the vocabulary's alphabet, as BERT's and tokenizers' BertWordPieceTokenizer default.
+VOCAB_LIMIT_ALPHABET = 1000
+VOCAB_NAME = "vocab.txt"
+META_NAME = "meta.json"
+_ROWS_PER_FLUSH = 8192
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _corpus_identity(corpus: Path) -> dict:
+    st = corpus.stat()
+    return {"corpus": str(corpus.resolve()), "corpus_size": st.st_size, "corpus_mtime_ns": st.st_mtime_ns}
+
+
+def _hash(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _key_inputs(
+    corpus: Path,
+    vocab_file: Path,
+    lowercase: bool,
+    max_seq_length: int,
+    short_seq_prob: float,
+    build_seed: int,
+    max_docs: int | None,
+    train_vocab_size: int,
+) -> dict:
+    """Everything that changes the token array; its hash names the cache entry."""
+    return {
+        "format": FORMAT_VERSION,
+        **_corpus_identity(corpus),
+        "vocab_sha256": _sha256_file(vocab_file),
+        "lowercase": bool(lowercase),
+        "max_seq_length": int(max_seq_length),
+        "short_seq_prob": float(short_seq_prob),
+        "build_seed": int(build_seed),
+        "max_docs": max_docs,
+        "train_vocab_size": int(train_vocab_size),
+    }
+
+
+
+def train_vocab(
+    corpus: str | Path,
+    cache_dir: str | Path,
+    vocab_size: int,
+    lowercase: bool = True,
+    max_docs: int | None = None,
+) -> Path:
+    """Train a WordPiece vocabulary of `vocab_size` on the corpus (cached); returns its vocab.txt.
+
+    BERT's special tokens come first, so [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. The file is the same
+    byte for byte in every process and on every machine (wordpiece.py says how and why `tokenizers`'
+    WordPieceTrainer is not used), so the cache key names every input of the learner.
+    """
+    corpus = check_corpus(corpus)
+    key = _hash({"format": FORMAT_VERSION, "learner": VOCAB_LEARNER_VERSION, **_corpus_identity(corpus),
+                 "lowercase": bool(lowercase), "vocab_size": int(vocab_size), "max_docs": max_docs,
+                 "special_tokens": list(SPECIAL_TOKENS), "limit_alphabet": VOCAB_LIMIT_ALPHABET,
+                 "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD})
+    target = Path(cache_dir) / "vocab" / key
+    if (target / VOCAB_NAME).is_file():
+        return target / VOCAB_NAME
+    started = time.perf_counter()
+    # Words as the encoder will see them: the normalizer and pre-tokenizer of load_tokenizer.
+    words = _bert_tokenizer(models.WordPiece(unk_token="[UNK]"), lowercase)
+    counts = wordpiece.count_words((line for line in iter_corpus_lines(corpus, max_docs) if line),
+                                   words.normalizer, words.pre_tokenizer)
+    try:
+        tokens = wordpiece.learn_vocab(counts, vocab_size, SPECIAL_TOKENS, limit_alphabet=VOCAB_LIMIT_ALPHABET,
+                                       max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD)
+    except wordpiece.VocabTooSmall as err:
+        raise DataError(f"data.train_vocab_size={vocab_size} is too small for {corpus}: {err}. Raise "
+                        "data.train_vocab_size.") from err
+    text = "".join(t + "\n" for t in tokens).encode("utf-8")
+    with atomic_dir(target, replace=False) as tmp:
+        (tmp / VOCAB_NAME).write_bytes(text)
+        (tmp / META_NAME).write_text(json.dumps({
+            "vocab_size": len(tokens), "requested": vocab_size, "corpus": str(corpus.resolve()),
+            "max_docs": max_docs, "learner": VOCAB_LEARNER_VERSION, "vocab_sha256": hashlib.sha256(text).hexdigest(),
+            "num_words": sum(counts.values()), "num_distinct_words": len(counts),
+            "build_seconds": round(time.perf_counter() - started, 3),
+        }, indent=2, sort_keys=True))
+    return target / VOCAB_NAME
+
+
+class PretrainCache(NamedTuple):
+    """One built cache entry; the arrays are memory-mapped (read-only)."""
+
+    directory: Path
+    meta: dict
+    input_ids: np.ndarray  # (N, max_seq_length) uint16 or int32, [PAD] after `lengths`
+    lengths: np.ndarray  # (N,) int32: real tokens per row
+    segment_a_end: np.ndarray  # (N,) int32: len([CLS] A [SEP])
+    target_lengths: np.ndarray  # (N,) int32: the builder's target (short with prob short_seq_prob)
+    token_counts: np.ndarray  # (V,) int64: word-piece frequencies over the corpus text
+
+    @property
+    def special(self) -> SpecialIds:
+        return SpecialIds(**self.meta["special"])
+
+    @property
+    def vocab_path(self) -> Path:
+        return self.directory / VOCAB_NAME
+
+
+_ARRAYS = ("input_ids", "lengths", "segment_a_end", "target_lengths", "token_counts")
+
+
+def load_cache(directory: str | Path) -> PretrainCache:
+    directory = Path(directory)
+    try:
+        meta = json.loads((directory / META_NAME).read_text())
+        arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
+    except (OSError, ValueError) as err:
+        raise DataError(
+            f"Pre-training cache {directory} is unreadable ({err}). Delete that folder; it is rebuilt on the "
+            "next run."
+        ) from err
+    if meta.get("format") != FORMAT_VERSION or arrays["input_ids"].shape[0] != meta["num_examples"]:
+        raise DataError(
+            f"Pre-training cache {directory} does not match this code (format {meta.get('format')}, expected "
+            f"{FORMAT_VERSION}). Delete that folder; it is rebuilt on the next run."
+        )
+    return PretrainCache(directory, meta, **arrays)
+
+
+# The arrays that make the packed examples (token_counts is derived from them), hashed in this order.
+_EXAMPLE_ARRAYS = ("input_ids", "lengths", "segment_a_end", "target_lengths")
+
+
+def _examples_digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in _EXAMPLE_ARRAYS:
+        h.update(_sha256_file(directory / f"{name}.npy").encode())
+    return h.hexdigest()
+
+
+def examples_sha256(cache: PretrainCache) -> str:
+    """sha256 over the .npy files of the packed examples (each file's digest, in _EXAMPLE_ARRAYS order): equal
+    digests mean byte-identical examples. Recorded at build time; computed for entries built before that."""
+    return cache.meta.get("examples_sha256") or _examples_digest(cache.directory)
+
+
+def _write_npy_from_raw(raw: Path, out: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """An .npy file from a headerless row-major dump, copied in blocks (the row count is known only now)."""
+    with open(out, "wb") as dst, open(raw, "rb") as src:
+        np.lib.format.write_array_header_1_0(
+            dst, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+        )
+        shutil.copyfileobj(src, dst, 16 << 20)
+    raw.unlink()
+
+
+def build_or_load(
+    *,
+    corpus: str | Path,
+    vocab_file: str | Path,
+    cache_dir: str | Path,
+    lowercase: bool = True,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.05,
+    build_seed: int = 12345,
+    max_docs: int | None = None,
+    train_vocab_size: int = 0,
+) -> PretrainCache:
+    """The cache entry for these inputs, building it first if it does not exist yet."""
+    corpus = check_corpus(corpus)
+    if train_vocab_size > 0:
+        vocab_file = train_vocab(corpus, cache_dir, train_vocab_size, lowercase, max_docs)
+    vocab_file = Path(vocab_file)
+    tokens = read_vocab(vocab_file)  # validates before the key hashes the file
+    inputs = _key_inputs(corpus, vocab_file, lowercase, max_seq_length, short_seq_prob, build_seed, max_docs,
+                         train_vocab_size)
+    target = Path(cache_dir) / "pretrain" / _hash(inputs)
+    if (target / META_NAME).is_file():
+        return load_cache(target)
+
+    started = time.perf_counter()
+    tokenizer = load_tokenizer(vocab_file, lowercase)
+    special = SpecialIds.from_vocab(tokens)
+    vocab_size = len(tokens)
+    dtype = np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+    builder = ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep,
+                             random.Random(build_seed))
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    lengths: list[int] = []
+    a_ends: list[int] = []
+    targets: list[int] = []
+    buf = np.full((_ROWS_PER_FLUSH, max_seq_length), special.pad, dtype=dtype)
+    n_buf = num_docs = num_tokens = 0
+
+    with atomic_dir(target, replace=False) as tmp:
+        with open(tmp / "input_ids.raw", "wb") as raw:
+
+            def add(example: Example | None) -> None:
+                nonlocal n_buf
+                if example is None:
+                    return
+                n = len(example.input_ids)
+                buf[n_buf, :n] = example.input_ids
+                lengths.append(n)
+                a_ends.append(example.segment_a_end)
+                targets.append(example.target_length)
+                n_buf += 1
+                if n_buf == _ROWS_PER_FLUSH:
+                    raw.write(buf.tobytes())
+                    buf.fill(special.pad)
+                    n_buf = 0
+
+            for chunk in _encoded_chunks(tokenizer, iter_corpus_lines(corpus, max_docs)):
+                flat = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64)
+                counts += np.bincount(flat, minlength=vocab_size)
+                num_tokens += len(flat)
+                for ids in chunk:
+                    num_docs += not ids
+                    add(builder.add_line(ids))
+            add(builder.flush())
+            raw.write(buf[:n_buf].tobytes())
+
+        num_examples = len(lengths)
+        if num_examples == 0:
+            raise DataError(f"Corpus {corpus} holds no text that tokenizes to word pieces. {_corpus_fix()}")
+        _write_npy_from_raw(tmp / "input_ids.raw", tmp / "input_ids.npy", dtype, (num_examples, max_seq_length))
+        np.save(tmp / "lengths.npy", np.asarray(lengths, dtype=np.int32))
+        np.save(tmp / "segment_a_end.npy", np.asarray(a_ends, dtype=np.int32))
+        np.save(tmp / "target_lengths.npy", np.asarray(targets, dtype=np.int32))
+        np.save(tmp / "token_counts.npy", counts)
+        # A copy of the vocabulary that made these ids, so the entry is self-contained.
+        shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
+        meta = {
+            **inputs,
+            "examples_sha256": _examples_digest(tmp),
+            "vocab_file": str(vocab_file.resolve()),
+            "vocab_size": vocab_size,
+            "special": special._asdict(),
+            "dtype": dtype.name,
+            "num_examples": num_examples,
+            "num_docs": num_docs,
+            "num_tokens": num_tokens,
+            "build_seconds": round(time.perf_counter() - started, 3),
+        }
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return load_cache(target)
