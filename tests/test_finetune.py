@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
 from electra_ablate import finetune
+from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
@@ -125,7 +126,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     with open(local, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     assert rows[0] == ["split", "index", "label", "prediction"] and len(rows) == 49
-    gold = glue.read_tsv(glue.TASKS["sst2"], DATA / "glue", "dev")[:48]
+    gold = glue_readers.read_tsv(glue.TASKS["sst2"], DATA / "glue", "dev")[:48]
     assert [int(r[2]) for r in rows[1:]] == [e.label for e in gold] and [int(r[1]) for r in rows[1:]] == list(range(48))
     assert np.mean([r[2] == r[3] for r in rows[1:]]) == pytest.approx(metrics["final/accuracy"])
 

@@ -14,6 +14,8 @@ import pytest
 
 from electra_ablate import finetune
 from electra_ablate.report import expected_max
+from electra_ablate.glue import features as glue_features
+from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import build as report
 from electra_ablate.sweep import runner as sweep
@@ -52,7 +54,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
     labels = np.random.default_rng(123).integers(0, 2, N)  # the same dev set for every run
     correct = rng.random(N) < ACCURACY[variant] + rng.normal(0, 0.02)
     preds = np.where(correct, labels, 1 - labels)
-    score = 100 * glue.METRICS[spec.paper_metric](preds, labels)
+    score = 100 * glue_metrics.METRICS[spec.paper_metric](preds, labels)
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id or "none",
             "pretrained_step": 100 if pretrain_id else 0, "variant": variant, "sweep": "claims_mini",
             "config_hash": f"{variant}{pretrain_id}{task}{seed}"}
@@ -60,7 +62,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
     run = tracking.RunLogger.start(client, "claims_mini", f"{task}-s{seed}", tags, parent_run_id=pretrain_id)
     run.log_metrics({"final/score": score}, 3)
     if with_predictions:
-        features = glue.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(N + 1, np.int64), labels,
+        features = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(N + 1, np.int64), labels,
                                  np.arange(N))
         out = tmp / run.run_id / "dev_predictions.tsv"
         run.log_artifact(finetune.write_predictions(out, spec, {"dev": features}, {"dev": preds}), "predictions")
