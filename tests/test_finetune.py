@@ -312,14 +312,14 @@ def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, mo
     tree = ast.parse((REPO / "electra_ablate" / "finetune.py").read_text())
     top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | {
         n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    assert not {"transformers", "electra_ablate.hf.interop"} & top_level  # fine-tuning works without transformers
+    assert not {"transformers", "electra_ablate.hf.importing"} & top_level  # fine-tuning works without transformers
 
     torch.manual_seed(1)
     net = ElectraForPretraining(TINY, disc_head=True)
     calls = []
-    fake = types.ModuleType("electra_ablate.hf.interop")
+    fake = types.ModuleType("electra_ablate.hf.importing")
     fake.import_pretrained = lambda spec, cache_dir=None: calls.append(spec) or (net, {"model_name": "base", "do_lower_case": False}, VOCAB)
-    monkeypatch.setitem(sys.modules, "electra_ablate.hf.interop", fake)
+    monkeypatch.setitem(sys.modules, "electra_ablate.hf.importing", fake)
     cfg = config(tmp_path, uri, "hf", "pretrained=hf:google/electra-small-discriminator")
     p = finetune.resolve_pretrained(cfg, client)
     assert calls == ["google/electra-small-discriminator"]
