@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from electra_ablate.models import flops
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
-from electra_ablate.report.build import load_paper_results
+from electra_ablate.report.paper import load_paper_results
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MODEL_KEYS = ("embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
