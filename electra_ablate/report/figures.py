@@ -46,7 +46,6 @@ def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
     plt.close(fig)
 
 
-
 def generator_size_figure(data: SweepData, path: Path) -> bool:
     pts = generator_size_points(data)
     if pts.empty:

@@ -34,7 +34,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-
 def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
            verdict_lines: Sequence[str] = ()) -> str:
     spec = data.ctx.spec

@@ -72,7 +72,6 @@ def bootstrap_difference(
     return float(observed), float(low), float(high)
 
 
-
 @dataclass
 class Summary:
     """The numbers of the main table (also what tests compare against the stored runs)."""
@@ -104,7 +103,6 @@ def summarize(data: SweepData) -> Summary:
     return Summary(tasks, medians, glue_scores, stats, per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"]), differences)
 
 
-
 def learning_curve(data: SweepData) -> pd.DataFrame:
     """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count."""
     s = data.scores[data.scores["pretrain_run"].notna()] if len(data.scores) else data.scores
@@ -122,7 +120,6 @@ def learning_curve(data: SweepData) -> pd.DataFrame:
     order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
     df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n"])
     return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
-
 
 
 def generator_size_points(data: SweepData) -> pd.DataFrame:
