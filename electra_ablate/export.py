@@ -7,7 +7,7 @@ A run id is resolved through MLflow: the run's `checkpoint_path` tag (its final 
 `--step`, the directory its `checkpoints` tag lists for that step. The store is `--tracking-uri`, else
 `MLFLOW_TRACKING_URI`, else the configs' default store (`$ELECTRA_ABLATE_HOME/mlflow.db`, else
 `<checkout>/outputs/mlflow.db`). What gets written is decided in
-`electra_ablate.hf.interop.export_pretrained`: `discriminator/` or `mlm/` (plus `copy_gate/` for All-Tokens MLM)
+`electra_ablate.hf.exporting.export_pretrained`: `discriminator/` or `mlm/` (plus `copy_gate/` for All-Tokens MLM)
 and `generator/`, each loadable with `from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)`.
 """
 
@@ -18,7 +18,8 @@ import json
 import re
 from pathlib import Path
 
-from electra_ablate.hf.interop import HFInteropError, export_pretrained
+from electra_ablate.hf.convert import HFInteropError
+from electra_ablate.hf.exporting import export_pretrained
 from electra_ablate.tracking import store
 from electra_ablate.tracking.runs import TAG_CHECKPOINT, TAG_KIND, TAG_PRETRAIN_RUN, default_tracking_uri
 TAG_CHECKPOINTS = "checkpoints"  # JSON {step: dir}, written by pre-training

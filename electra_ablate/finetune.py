@@ -32,6 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate.common import cli
 from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.features import Features, cached_features, file_digest, prediction_rows
+from electra_ablate.glue.metrics import glue_score, task_score
+from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue import submit
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.common import precision as precision_lib
@@ -186,7 +189,7 @@ def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
                           None, 0, {}, None, model.get("name"))
     if spec.startswith("hf:"):
         try:
-            from electra_ablate.hf.interop import import_pretrained  # needs transformers: imported only here
+            from electra_ablate.hf.importing import import_pretrained  # needs transformers: imported only here
         except ImportError as e:
             raise FinetuneError(
                 f"pretrained={spec} needs the Hugging Face extra (pip install 'electra-ablate[hf]'): {e}"
@@ -287,14 +290,14 @@ def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
 def load_task_data(cfg: DictConfig, task: glue.TaskSpec) -> dict[str, list[glue.Example]]:
     """Every split of a task, checked (layout, labels), subset and doubled as configured."""
     d = cfg.glue_data
-    data = {s: glue.load_split(task, s, d.source, d.dir, d.hf_path) for s in task.splits}
+    data = {s: load_split(task, s, d.source, d.dir, d.hf_path) for s in task.splits}
     for split, limit in [("train", d.max_train_examples)] + [(s.name, d.max_eval_examples) for s in task.dev_splits]:
         if limit is not None:
             data[split] = data[split][: int(limit)]
         if not data[split]:
             raise glue.GlueDataError(f"task {task.name}: split {split} has no examples")
     if task.unordered and d.double_unordered:
-        data["train"] = glue.double_unordered(data["train"])
+        data["train"] = double_unordered(data["train"])
     return data
 
 
@@ -369,14 +372,14 @@ def check_compatible(cfg: DictConfig, pretrained: Pretrained, tokenizer) -> None
         )
 
 
-def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, glue.Features], predictions) -> Path:
+def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, Features], predictions) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".dev_predictions.", suffix=".tmp")
     with os.fdopen(fd, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
         writer.writerow(["split", "index", "label", "prediction"])
         for split, feats in features.items():
-            writer.writerows(glue.prediction_rows(task, split, feats, predictions[split]))
+            writer.writerows(prediction_rows(task, split, feats, predictions[split]))
     os.replace(tmp, path)
     return path
 
@@ -399,10 +402,10 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         tracking.retire_stale(client, runs, keep=done.info.run_id)
         return done.data.metrics["final/score"]
     d = cfg.glue_data
-    vocab_digest = glue.file_digest(pretrained.vocab_file)
+    vocab_digest = file_digest(pretrained.vocab_file)
     features = {
-        split: glue.cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained),
-                                    int(d.max_seq_length), task.is_regression, cfg.paths.cache_dir)
+        split: cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained),
+                               int(d.max_seq_length), task.is_regression, cfg.paths.cache_dir)
         for split, examples in data.items()
     }
     dev = {s.name: features[s.name] for s in task.dev_splits}
@@ -481,7 +484,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         values = np.array([h[key] for h in system.history], dtype=float)
         best_epoch = int(np.nanargmax(values)) + 1 if np.isfinite(values).any() else len(values)
         best = system.history[best_epoch - 1]
-        score = glue.task_score(task, final)
+        score = task_score(task, final)
         summary = {f"final/{k}": v for k, v in final.items()}
         summary.update({f"best/{k}": v for k, v in best.items()})
         summary.update({"best_epoch": best_epoch, "final/score": score})
@@ -490,7 +493,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
         if test:
             test_preds = {
-                split: submit.predict(system, glue.cached_features(
+                split: submit.predict(system, cached_features(
                     examples, tokenizer, vocab_digest, lowercase(cfg, pretrained), int(d.max_seq_length),
                     task.is_regression, cfg.paths.cache_dir), int(d.eval_batch_size),
                     tokenizer.token_to_id("[PAD]") or 0, precision(cfg) if on_gpu(cfg) else None)
@@ -553,7 +556,7 @@ def run(cfg: DictConfig) -> float:
         return scores.get(cfg.task.name, float("nan"))
     if not any(t != "wnli" for t in scores):
         return float("nan")
-    result = glue.glue_score(scores)
+    result = glue_score(scores)
     print(f"GLUE score {result.score:.2f} over {', '.join(result.tasks)}")
     return result.score
 

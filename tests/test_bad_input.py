@@ -18,7 +18,7 @@ from electra_ablate.sweep import runner as sweep
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.data.errors import DataError
-from electra_ablate.hf.interop import HFInteropError
+from electra_ablate.hf.convert import HFInteropError
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.training import checks
 

@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
 from electra_ablate import finetune
+from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
@@ -125,7 +126,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     with open(local, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     assert rows[0] == ["split", "index", "label", "prediction"] and len(rows) == 49
-    gold = glue.read_tsv(glue.TASKS["sst2"], DATA / "glue", "dev")[:48]
+    gold = glue_readers.read_tsv(glue.TASKS["sst2"], DATA / "glue", "dev")[:48]
     assert [int(r[2]) for r in rows[1:]] == [e.label for e in gold] and [int(r[1]) for r in rows[1:]] == list(range(48))
     assert np.mean([r[2] == r[3] for r in rows[1:]]) == pytest.approx(metrics["final/accuracy"])
 
@@ -311,14 +312,14 @@ def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, mo
     tree = ast.parse((REPO / "electra_ablate" / "finetune.py").read_text())
     top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | {
         n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
-    assert not {"transformers", "electra_ablate.hf.interop"} & top_level  # fine-tuning works without transformers
+    assert not {"transformers", "electra_ablate.hf.importing"} & top_level  # fine-tuning works without transformers
 
     torch.manual_seed(1)
     net = ElectraForPretraining(TINY, disc_head=True)
     calls = []
-    fake = types.ModuleType("electra_ablate.hf.interop")
+    fake = types.ModuleType("electra_ablate.hf.importing")
     fake.import_pretrained = lambda spec, cache_dir=None: calls.append(spec) or (net, {"model_name": "base", "do_lower_case": False}, VOCAB)
-    monkeypatch.setitem(sys.modules, "electra_ablate.hf.interop", fake)
+    monkeypatch.setitem(sys.modules, "electra_ablate.hf.importing", fake)
     cfg = config(tmp_path, uri, "hf", "pretrained=hf:google/electra-small-discriminator")
     p = finetune.resolve_pretrained(cfg, client)
     assert calls == ["google/electra-small-discriminator"]

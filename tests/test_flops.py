@@ -17,7 +17,7 @@ from electra_ablate.objectives.bert import Bert
 from electra_ablate.objectives.electra import Electra
 from electra_ablate.objectives.electra_15 import Electra15
 from electra_ablate.objectives.replace_mlm import ReplaceMLM
-from electra_ablate.report.build import load_paper_results
+from electra_ablate.report.paper import load_paper_results
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 MODEL_KEYS = ("embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")

@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 from scipy.stats import rankdata
 
+from electra_ablate.glue import features as glue_features
+from electra_ablate.glue import metrics as glue_metrics
+from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.data.tokenizer import load_tokenizer
 from electra_ablate.glue.system import LengthBucketBatchSampler, collate, sorted_batches
@@ -55,7 +58,7 @@ def test_every_task_and_split_has_a_fixture():
 @pytest.mark.parametrize("task,split", sorted(FIXTURE_EXPECTED))
 def test_fixture_loader(task, split):
     rows, labels, (a, b) = FIXTURE_EXPECTED[(task, split)]
-    examples = glue.read_tsv(glue.TASKS[task], FIXTURES, split)
+    examples = glue_readers.read_tsv(glue.TASKS[task], FIXTURES, split)
     assert len(examples) == rows
     assert [e.label for e in examples] == labels
     assert [e.idx for e in examples] == list(range(rows))
@@ -67,17 +70,17 @@ def test_fixture_loader(task, split):
 def test_mnli_has_two_dev_sets_with_their_own_metrics():
     mnli = glue.TASKS["mnli"]
     assert mnli.splits == ("train", "dev_matched", "dev_mismatched")
-    matched = glue.read_tsv(mnli, FIXTURES, "dev_matched")
-    mismatched = glue.read_tsv(mnli, FIXTURES, "dev_mismatched")
+    matched = glue_readers.read_tsv(mnli, FIXTURES, "dev_matched")
+    mismatched = glue_readers.read_tsv(mnli, FIXTURES, "dev_mismatched")
     assert {e.text_a for e in matched}.isdisjoint(e.text_a for e in mismatched)
-    m = glue.compute_metrics(mnli, {"dev_matched": ([1, 2, 2], [1, 2, 0]), "dev_mismatched": ([2, 2, 2, 2], [2, 2, 0, 2])})
+    m = glue_metrics.compute_metrics(mnli, {"dev_matched": ([1, 2, 2], [1, 2, 0]), "dev_mismatched": ([2, 2, 2, 2], [2, 2, 0, 2])})
     assert m == pytest.approx({"accuracy": 2 / 3, "mismatched_accuracy": 3 / 4})
 
 
 def test_mrpc_byte_order_mark_is_stripped():
     path = glue.split_path(glue.TASKS["mrpc"], FIXTURES, "dev")
     assert path.read_bytes().startswith(b"\xef\xbb\xbf")  # the fixture carries the real file's BOM
-    examples = glue.read_tsv(glue.TASKS["mrpc"], FIXTURES, "dev")
+    examples = glue_readers.read_tsv(glue.TASKS["mrpc"], FIXTURES, "dev")
     assert [e.label for e in examples] == [1, 0]  # "Quality" found although it follows the BOM
 
 
@@ -87,14 +90,14 @@ def test_unbalanced_quotes_do_not_swallow_lines(task, split):
     path = glue.split_path(spec, FIXTURES, split)
     with path.open(encoding=spec.encoding, newline="") as f:
         quoting_on = list(csv.reader(f, delimiter="\t"))  # csv's default: a leading " opens a quoted field
-    examples = glue.read_tsv(spec, FIXTURES, split)
+    examples = glue_readers.read_tsv(spec, FIXTURES, split)
     assert len(quoting_on) - 1 < len(examples) == FIXTURE_EXPECTED[(task, split)][0]
     assert any(e.text_a.startswith('"') or (e.text_b or "").startswith('"') for e in examples)
 
 
 def test_double_unordered_appends_swapped_pairs():
-    train = glue.read_tsv(glue.TASKS["mrpc"], FIXTURES, "train")
-    doubled = glue.double_unordered(train)
+    train = glue_readers.read_tsv(glue.TASKS["mrpc"], FIXTURES, "train")
+    doubled = glue_readers.double_unordered(train)
     assert doubled[: len(train)] == train
     assert [(e.text_a, e.text_b, e.label) for e in doubled[len(train):]] == [(e.text_b, e.text_a, e.label) for e in train]
     assert glue.TASKS["mrpc"].unordered and glue.TASKS["stsb"].unordered
@@ -109,7 +112,7 @@ REAL_COUNTS = {"cola": (8551, 1043), "sst2": (67349, 872), "mrpc": (3668, 408), 
 @pytest.mark.parametrize("task", sorted(REAL_COUNTS))
 def test_real_row_counts(task, data_dir):
     spec = glue.TASKS[task]
-    train, dev = (glue.read_tsv(spec, data_dir / "glue", s) for s in ("train", "dev"))
+    train, dev = (glue_readers.read_tsv(spec, data_dir / "glue", s) for s in ("train", "dev"))
     assert (len(train), len(dev)) == REAL_COUNTS[task]
     if spec.is_regression:
         assert min(e.label for e in train) == 0.0 and max(e.label for e in train) == 5.0
@@ -123,7 +126,7 @@ def test_available_tasks_on_the_real_data(data_dir):
 
 # --- the Hugging Face source ----------------------------------------------------------------------------
 
-# Written out independently of glue.py: the HF GLUE ClassLabel names and the TSV string -> HF id mapping.
+# Written out independently of glue/tasks.py: the HF GLUE ClassLabel names and the TSV string -> HF id mapping.
 HF_NAMES = {
     "cola": ["unacceptable", "acceptable"],
     "sst2": ["negative", "positive"],
@@ -170,8 +173,8 @@ def hf_dataset_from_fixture(task: str, split: str):
 @pytest.mark.parametrize("task,split", sorted(FIXTURE_EXPECTED))
 def test_hf_and_tsv_sources_agree(task, split):
     spec = glue.TASKS[task]
-    from_hf = glue.examples_from_hf(spec, hf_dataset_from_fixture(task, split))
-    from_tsv = glue.read_tsv(spec, FIXTURES, split)
+    from_hf = glue_readers.examples_from_hf(spec, hf_dataset_from_fixture(task, split))
+    from_tsv = glue_readers.read_tsv(spec, FIXTURES, split)
     assert [(e.idx, e.text_a, e.text_b) for e in from_hf] == [(e.idx, e.text_a, e.text_b) for e in from_tsv]
     assert [e.label for e in from_hf] == pytest.approx([e.label for e in from_tsv])  # STS-B: float32 on the HF side
     assert spec.hf_split(split) == {"train": "train", "dev": "validation", "dev_matched": "validation_matched",
@@ -187,19 +190,19 @@ def test_hf_labels_in_another_order_are_refused():
                                     "idx": datasets.Value("int32")}),
     )
     with pytest.raises(glue.GlueDataError, match=r"labels are \['not_entailment', 'entailment'\], expected \['entailment', 'not_entailment'\]"):
-        glue.examples_from_hf(glue.TASKS["rte"], ds)
+        glue_readers.examples_from_hf(glue.TASKS["rte"], ds)
 
 
 def test_hf_test_split_labels_are_refused():
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"sentence": ["a", "b"], "label": [1, -1], "idx": [0, 1]})
     with pytest.raises(glue.GlueDataError, match=r"Hugging Face sst2 row idx=1: label -1 outside 0..1"):
-        glue.examples_from_hf(glue.TASKS["sst2"], ds)
+        glue_readers.examples_from_hf(glue.TASKS["sst2"], ds)
 
 
 def test_unknown_source_is_refused():
     with pytest.raises(glue.GlueDataError, match="unknown glue_data.source='zip'; valid: tsv, hf"):
-        glue.load_split(glue.TASKS["rte"], "dev", "zip", FIXTURES)
+        glue_readers.load_split(glue.TASKS["rte"], "dev", "zip", FIXTURES)
 
 
 # --- metrics --------------------------------------------------------------------------------------------
@@ -216,12 +219,12 @@ def test_classification_metrics_against_confusion_counts():
     assert (tp, tn, fp, fn) == (4, 2, 2, 2)
     mcc = (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     f1 = 2 * tp / (2 * tp + fp + fn)
-    assert glue.compute_metrics(glue.TASKS["cola"], {"dev": (PREDS, LABELS)}) == pytest.approx(
+    assert glue_metrics.compute_metrics(glue.TASKS["cola"], {"dev": (PREDS, LABELS)}) == pytest.approx(
         {"mcc": mcc, "accuracy": 0.6})
-    assert glue.compute_metrics(glue.TASKS["mrpc"], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6, "f1": f1})
-    assert glue.compute_metrics(glue.TASKS["qqp"], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6, "f1": 2 / 3})
+    assert glue_metrics.compute_metrics(glue.TASKS["mrpc"], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6, "f1": f1})
+    assert glue_metrics.compute_metrics(glue.TASKS["qqp"], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6, "f1": 2 / 3})
     for task in ("sst2", "qnli", "rte", "wnli"):
-        assert glue.compute_metrics(glue.TASKS[task], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6})
+        assert glue_metrics.compute_metrics(glue.TASKS[task], {"dev": (PREDS, LABELS)}) == pytest.approx({"accuracy": 0.6})
     assert mcc == pytest.approx(1 / 6)
 
 
@@ -232,29 +235,29 @@ def test_regression_metrics_against_ranks_and_moments():
         np.sqrt(np.sum((scores - scores.mean()) ** 2)) * np.sqrt(np.sum((gold - gold.mean()) ** 2)))
     r1, r2 = rankdata(scores), rankdata(gold)  # average ranks for the tie, as Spearman defines them
     spearman = np.corrcoef(r1, r2)[0, 1]
-    m = glue.compute_metrics(glue.TASKS["stsb"], {"dev": (scores, gold)})
+    m = glue_metrics.compute_metrics(glue.TASKS["stsb"], {"dev": (scores, gold)})
     assert m == pytest.approx({"spearman": spearman, "pearson": pearson})
     # Without ties Spearman is 1 - 6 sum d^2 / (n (n^2 - 1)): one swapped pair of 4 gives 0.8.
-    assert glue.compute_metrics(glue.TASKS["stsb"], {"dev": ([0.1, 0.4, 0.35, 0.8], [1, 2, 3, 4])})["spearman"] == pytest.approx(0.8)
+    assert glue_metrics.compute_metrics(glue.TASKS["stsb"], {"dev": ([0.1, 0.4, 0.35, 0.8], [1, 2, 3, 4])})["spearman"] == pytest.approx(0.8)
 
 
 def test_task_score_is_the_papers_metric_times_100():
-    assert glue.task_score(glue.TASKS["cola"], {"mcc": 0.5, "accuracy": 0.8}) == pytest.approx(50.0)
-    assert glue.task_score(glue.TASKS["stsb"], {"spearman": 0.87, "pearson": 0.9}) == pytest.approx(87.0)
-    assert glue.task_score(glue.TASKS["mnli"], {"accuracy": 0.81, "mismatched_accuracy": 0.7}) == pytest.approx(81.0)
-    assert glue.task_score(glue.TASKS["mrpc"], {"accuracy": 0.88, "f1": 0.91}) == pytest.approx(88.0)
+    assert glue_metrics.task_score(glue.TASKS["cola"], {"mcc": 0.5, "accuracy": 0.8}) == pytest.approx(50.0)
+    assert glue_metrics.task_score(glue.TASKS["stsb"], {"spearman": 0.87, "pearson": 0.9}) == pytest.approx(87.0)
+    assert glue_metrics.task_score(glue.TASKS["mnli"], {"accuracy": 0.81, "mismatched_accuracy": 0.7}) == pytest.approx(81.0)
+    assert glue_metrics.task_score(glue.TASKS["mrpc"], {"accuracy": 0.88, "f1": 0.91}) == pytest.approx(88.0)
 
 
 def test_glue_score_averages_the_tasks_present_without_wnli():
-    assert glue.glue_score({"rte": 60.0, "cola": 40.0, "wnli": 10.0}) == (50.0, ("cola", "rte"))
-    score, tasks = glue.glue_score({"rte": 60.0, "cola": 40.0, "wnli": 10.0}, include_wnli=True)
+    assert glue_metrics.glue_score({"rte": 60.0, "cola": 40.0, "wnli": 10.0}) == (50.0, ("cola", "rte"))
+    score, tasks = glue_metrics.glue_score({"rte": 60.0, "cola": 40.0, "wnli": 10.0}, include_wnli=True)
     assert (score, tasks) == (pytest.approx(110 / 3), ("cola", "rte", "wnli"))
     eight = dict(cola=1.0, sst2=2.0, mrpc=3.0, stsb=4.0, qqp=5.0, mnli=6.0, qnli=7.0, rte=8.0)
-    assert glue.glue_score(eight) == (4.5, tuple(eight))
+    assert glue_metrics.glue_score(eight) == (4.5, tuple(eight))
     with pytest.raises(glue.GlueDataError, match=r"unknown task\(s\) \['sst'\]"):
-        glue.glue_score({"sst": 90.0})
+        glue_metrics.glue_score({"sst": 90.0})
     with pytest.raises(glue.GlueDataError, match="no task to average"):
-        glue.glue_score({"wnli": 56.3})
+        glue_metrics.glue_score({"wnli": 56.3})
 
 
 # --- tokenization and the cache -------------------------------------------------------------------------
@@ -266,7 +269,7 @@ def tokenizer(data_dir):
 
 def test_pair_features_follow_bert_layout(tokenizer):
     ex = [glue.Example(0, "The cat sat.", "A dog ran!", 1), glue.Example(1, "Hello", None, 0)]
-    f = glue.featurize(ex, tokenizer, 128, regression=False)
+    f = glue_features.featurize(ex, tokenizer, 128, regression=False)
     ids = f.input_ids[f.offsets[0]:f.offsets[1]].tolist()
     assert [tokenizer.id_to_token(i) for i in ids] == ["[CLS]", "the", "cat", "sat", ".", "[SEP]", "a", "dog", "ran", "!", "[SEP]"]
     assert f.token_type_ids[f.offsets[0]:f.offsets[1]].tolist() == [0] * 6 + [1] * 5
@@ -276,9 +279,9 @@ def test_pair_features_follow_bert_layout(tokenizer):
 
 def test_truncation_matches_the_reference_truncate_seq_pair(tokenizer, data_dir):
     """Reference _truncate_seq_pair: drop the last token of the longer sentence (b on ties) until it fits."""
-    examples = glue.read_tsv(glue.TASKS["rte"], data_dir / "glue", "train")[:600]
+    examples = glue_readers.read_tsv(glue.TASKS["rte"], data_dir / "glue", "train")[:600]
     max_len = 64
-    f = glue.featurize(examples, tokenizer, max_len, regression=False)
+    f = glue_features.featurize(examples, tokenizer, max_len, regression=False)
     tokenizer.no_truncation()
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     truncated = 0
@@ -293,29 +296,29 @@ def test_truncation_matches_the_reference_truncate_seq_pair(tokenizer, data_dir)
 
 
 def test_feature_cache_is_reused_and_keyed_by_its_inputs(tmp_path, tokenizer, monkeypatch, data_dir):
-    examples = glue.read_tsv(glue.TASKS["stsb"], FIXTURES, "dev")
-    digest = glue.file_digest(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
-    first = glue.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
+    examples = glue_readers.read_tsv(glue.TASKS["stsb"], FIXTURES, "dev")
+    digest = glue_features.file_digest(data_dir / "vocab" / "bert-base-uncased-vocab.txt")
+    first = glue_features.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
     files = list((tmp_path / "glue").iterdir())
     assert len(files) == 1 and files[0].suffix == ".npz"  # no temporary file left behind
     assert first.labels.dtype == np.float32
 
-    monkeypatch.setattr(glue, "featurize", lambda *a, **k: pytest.fail("cache miss"))
-    again = glue.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
-    for name in glue.Features._fields:
+    monkeypatch.setattr(glue_features, "featurize", lambda *a, **k: pytest.fail("cache miss"))
+    again = glue_features.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
+    for name in glue_features.Features._fields:
         np.testing.assert_array_equal(getattr(first, name), getattr(again, name))
 
-    key = glue.features_key(examples, digest, True, 32, True)
-    assert key != glue.features_key(examples, digest, True, 16, True)
-    assert key != glue.features_key(examples[:-1], digest, True, 32, True)
-    assert key != glue.features_key([examples[0]._replace(label=4.0), *examples[1:]], digest, True, 32, True)
-    assert key != glue.features_key(examples, "other-vocab", True, 32, True)
+    key = glue_features.features_key(examples, digest, True, 32, True)
+    assert key != glue_features.features_key(examples, digest, True, 16, True)
+    assert key != glue_features.features_key(examples[:-1], digest, True, 32, True)
+    assert key != glue_features.features_key([examples[0]._replace(label=4.0), *examples[1:]], digest, True, 32, True)
+    assert key != glue_features.features_key(examples, "other-vocab", True, 32, True)
 
 
 def test_prediction_rows_use_the_tsv_labels(tokenizer):
-    examples = glue.read_tsv(glue.TASKS["rte"], FIXTURES, "dev")
-    f = glue.featurize(examples, tokenizer, 32, regression=False)
-    assert glue.prediction_rows(glue.TASKS["rte"], "dev", f, np.array([0, 0])) == [
+    examples = glue_readers.read_tsv(glue.TASKS["rte"], FIXTURES, "dev")
+    f = glue_features.featurize(examples, tokenizer, 32, regression=False)
+    assert glue_features.prediction_rows(glue.TASKS["rte"], "dev", f, np.array([0, 0])) == [
         ["dev", "0", "not_entailment", "entailment"], ["dev", "1", "entailment", "entailment"]]
 
 
@@ -358,21 +361,21 @@ def copy_task(tmp_path: Path, dir_name: str) -> Path:
 
 def test_missing_task_directory(tmp_path):
     with pytest.raises(glue.GlueDataError, match=r"GLUE task directory .*/QNLI not found.*QNLI/\{train,dev\}\.tsv.*glue_data.source=hf"):
-        glue.read_tsv(glue.TASKS["qnli"], tmp_path, "train")
+        glue_readers.read_tsv(glue.TASKS["qnli"], tmp_path, "train")
 
 
 def test_missing_split(tmp_path):
     (copy_task(tmp_path, "MNLI") / "dev_mismatched.tsv").unlink()
     assert glue.available_tasks(tmp_path) == []
     with pytest.raises(glue.GlueDataError, match=r"MNLI/dev_mismatched.tsv not found: task mnli needs train.tsv, dev_matched.tsv, dev_mismatched.tsv"):
-        glue.read_tsv(glue.TASKS["mnli"], tmp_path, "dev_mismatched")
+        glue_readers.read_tsv(glue.TASKS["mnli"], tmp_path, "dev_mismatched")
 
 
 def test_wrong_columns_name_the_file_and_the_expected_columns(tmp_path):
     path = copy_task(tmp_path, "QQP") / "train.tsv"
     path.write_text(path.read_text().replace("question2", "q2", 1))
     with pytest.raises(glue.GlueDataError, match=r"QQP/train.tsv: header .* lacks column\(s\) \['question2'\]; a qqp file needs columns \['question1', 'question2', 'is_duplicate'\]"):
-        glue.read_tsv(glue.TASKS["qqp"], tmp_path, "train")
+        glue_readers.read_tsv(glue.TASKS["qqp"], tmp_path, "train")
 
 
 def test_wrong_field_count_names_the_line(tmp_path):
@@ -381,25 +384,25 @@ def test_wrong_field_count_names_the_line(tmp_path):
     lines[1] = lines[1].replace("\t", " ", 1)  # 3 fields instead of 4
     path.write_text("".join(lines))
     with pytest.raises(glue.GlueDataError, match=r"CoLA/dev.tsv line 2: 3 tab-separated fields, expected 4"):
-        glue.read_tsv(glue.TASKS["cola"], tmp_path, "dev")
+        glue_readers.read_tsv(glue.TASKS["cola"], tmp_path, "dev")
 
 
 def test_label_outside_the_label_set_names_file_line_and_field(tmp_path):
     path = copy_task(tmp_path, "RTE") / "dev.tsv"
     path.write_text(path.read_text().replace("\tentailment\n", "\tmaybe\n"))
     with pytest.raises(glue.GlueDataError, match=r"RTE/dev.tsv line 3: label 'maybe' in field 'label' is not one of the rte labels \['entailment', 'not_entailment'\]"):
-        glue.read_tsv(glue.TASKS["rte"], tmp_path, "dev")
+        glue_readers.read_tsv(glue.TASKS["rte"], tmp_path, "dev")
 
 
 def test_sts_score_outside_range(tmp_path):
     path = copy_task(tmp_path, "STS-B") / "dev.tsv"
     path.write_text(path.read_text().replace("\t4.750\n", "\t7.5\n"))
     with pytest.raises(glue.GlueDataError, match=r"STS-B/dev.tsv line 3: score '7.5' in field 'score' is not a number in \[0.0, 5.0\]"):
-        glue.read_tsv(glue.TASKS["stsb"], tmp_path, "dev")
+        glue_readers.read_tsv(glue.TASKS["stsb"], tmp_path, "dev")
 
 
 def test_unknown_task_and_split():
     with pytest.raises(glue.GlueDataError, match="unknown GLUE task 'sst'; valid: cola, sst2"):
         glue.get_task("sst")
     with pytest.raises(glue.GlueDataError, match="task rte has no split 'test'"):
-        glue.read_tsv(glue.TASKS["rte"], FIXTURES, "test")
+        glue_readers.read_tsv(glue.TASKS["rte"], FIXTURES, "test")

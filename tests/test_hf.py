@@ -10,7 +10,9 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # never download; must be set before huggingface_hub is imported
 transformers = pytest.importorskip("transformers", reason="transformers is the optional extra 'hf'")
 
-from electra_ablate.hf import interop as hf  # noqa: E402
+from electra_ablate.hf.convert import HFInteropError, electra_config, infer_model_name  # noqa: E402
+from electra_ablate.hf.exporting import EXPORT_INFO_NAME, export_pretrained  # noqa: E402
+from electra_ablate.hf.importing import import_pretrained  # noqa: E402
 from electra_ablate.models import checkpoint
 from electra_ablate.export import main as export_main  # noqa: E402
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
@@ -104,7 +106,7 @@ def max_diff(a, b, attention_mask):
 @torch.no_grad()
 def test_export_loads_in_transformers_with_same_logits(tmp_path, vocab_file, sharing, factorized):
     directory, model, generator = make_pretrained(tmp_path / "pt", vocab_file, sharing=sharing, factorized=factorized)
-    written = hf.export_pretrained(directory, tmp_path / "hf")
+    written = export_pretrained(directory, tmp_path / "hf")
     assert set(written) == {"discriminator", "generator"}
     x = inputs()
 
@@ -122,16 +124,16 @@ def test_export_loads_in_transformers_with_same_logits(tmp_path, vocab_file, sha
     word, query = "embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.query.weight"
     assert torch.equal(d[word], g[word]) == (sharing != "none")
     assert torch.equal(d[query], g[query]) == (sharing == "all")
-    assert json.loads((tmp_path / "hf" / hf.EXPORT_INFO_NAME).read_text())["sharing"] == sharing
+    assert json.loads((tmp_path / "hf" / EXPORT_INFO_NAME).read_text())["sharing"] == sharing
 
 
 @torch.no_grad()
 def test_round_trip_export_then_import_is_exact(tmp_path, vocab_file):
     directory, model, generator = make_pretrained(tmp_path / "pt", vocab_file, sharing="embeddings")
-    written = hf.export_pretrained(directory, tmp_path / "hf")
+    written = export_pretrained(directory, tmp_path / "hf")
     x = inputs()
     for name, original, head in [("discriminator", model, "disc"), ("generator", generator, "mlm")]:
-        net, info, vocab = hf.import_pretrained(str(written[name]))
+        net, info, vocab = import_pretrained(str(written[name]))
         net.eval()
         assert info["model_type"] == "electra" and info["heads"] == [head]
         assert info["do_lower_case"] is True and vocab.read_text() == vocab_file.read_text()
@@ -144,22 +146,22 @@ def test_round_trip_export_then_import_is_exact(tmp_path, vocab_file):
 def test_import_writes_vocab_from_tokenizer_json(tmp_path, vocab_file):
     """A checkpoint with only tokenizer.json: its vocabulary is written, in id order, to the cache."""
     directory, _, _ = make_pretrained(tmp_path / "pt", vocab_file)
-    written = hf.export_pretrained(directory, tmp_path / "hf")
+    written = export_pretrained(directory, tmp_path / "hf")
     disc = written["discriminator"]
     transformers.AutoTokenizer.from_pretrained(disc).save_pretrained(tmp_path / "tok")
     (disc / "vocab.txt").unlink()
     (disc / "tokenizer.json").write_bytes((tmp_path / "tok" / "tokenizer.json").read_bytes())
-    _, _, vocab = hf.import_pretrained(str(disc), cache_dir=tmp_path / "cache")
+    _, _, vocab = import_pretrained(str(disc), cache_dir=tmp_path / "cache")
     assert vocab.parent == tmp_path / "cache" and vocab.read_text() == vocab_file.read_text()
 
 
 @torch.no_grad()
 def test_mlm_objectives_export_their_mlm_model(tmp_path, vocab_file):
     directory, model, _ = make_pretrained(tmp_path / "bert", vocab_file, objective="bert")
-    assert set(hf.export_pretrained(directory, tmp_path / "hf_bert")) == {"mlm"}
+    assert set(export_pretrained(directory, tmp_path / "hf_bert")) == {"mlm"}
 
     directory, model, generator = make_pretrained(tmp_path / "atm", vocab_file, objective="all_tokens_mlm")
-    written = hf.export_pretrained(directory, tmp_path / "hf_atm")
+    written = export_pretrained(directory, tmp_path / "hf_atm")
     assert set(written) == {"mlm", "copy_gate", "generator"}
     x = inputs()
     mlm = load_hf("ElectraForMaskedLM", written["mlm"])
@@ -170,7 +172,7 @@ def test_mlm_objectives_export_their_mlm_model(tmp_path, vocab_file):
 
 def test_autotokenizer_loads_the_export(tmp_path, vocab_file):
     directory, _, _ = make_pretrained(tmp_path / "pt", vocab_file)
-    written = hf.export_pretrained(directory, tmp_path / "hf")
+    written = export_pretrained(directory, tmp_path / "hf")
     vocab = {t: i for i, t in enumerate(vocab_file.read_text(encoding="utf-8").splitlines())}
     for name in written:
         tokenizer = transformers.AutoTokenizer.from_pretrained(written[name])
@@ -191,7 +193,7 @@ def test_import_bert_checkpoint(tmp_path, vocab_file):
     bert.save_pretrained(tmp_path / "bert")
     (tmp_path / "bert" / "vocab.txt").write_text(vocab_file.read_text())
 
-    net, info, _ = hf.import_pretrained(str(tmp_path / "bert"))
+    net, info, _ = import_pretrained(str(tmp_path / "bert"))
     net.eval()
     assert info["model_type"] == "bert" and info["architecture"] == "BertForPreTraining" and info["heads"] == ["mlm"]
     assert net.config.embedding_size == 64 and not hasattr(net.electra, "embeddings_project")
@@ -208,13 +210,13 @@ def test_import_bert_checkpoint(tmp_path, vocab_file):
 @torch.no_grad()
 def test_import_encoder_only_checkpoint_drops_task_head(tmp_path, vocab_file):
     torch.manual_seed(0)
-    config = hf.electra_config(tiny_config(factorized=True))
+    config = electra_config(tiny_config(factorized=True))
     classifier = transformers.ElectraForSequenceClassification(config)
     perturb(classifier)
     classifier.save_pretrained(tmp_path / "cls")
     (tmp_path / "cls" / "vocab.txt").write_text(vocab_file.read_text())
 
-    net, info, _ = hf.import_pretrained(str(tmp_path / "cls"))
+    net, info, _ = import_pretrained(str(tmp_path / "cls"))
     assert info["heads"] == [] and any("classifier" in n for n in info["notes"])
     x = inputs()
     classifier.eval()
@@ -227,8 +229,8 @@ def test_model_name_follows_conf_model_sizes():
     small = EncoderConfig(
         embedding_size=128, hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024
     )
-    assert hf.infer_model_name(small) == "small"
-    assert hf.infer_model_name(tiny_config(True)) == "custom-64h2l"
+    assert infer_model_name(small) == "small"
+    assert infer_model_name(tiny_config(True)) == "custom-64h2l"
 
 
 def test_export_cli_resolves_mlflow_run(tmp_path, vocab_file, capsys):
@@ -240,12 +242,12 @@ def test_export_cli_resolves_mlflow_run(tmp_path, vocab_file, capsys):
     run = client.create_run(client.create_experiment("e"), tags={"kind": "pretrain", "checkpoint_path": str(directory)})
     written = export_main([run.info.run_id, str(tmp_path / "out"), "--tracking-uri", uri])
     assert set(written) == {"discriminator", "generator"} and "discriminator:" in capsys.readouterr().out
-    with pytest.raises(hf.HFInteropError, match="not empty.*--overwrite"):
+    with pytest.raises(HFInteropError, match="not empty.*--overwrite"):
         export_main([str(directory), str(tmp_path / "out")])
     export_main([str(directory), str(tmp_path / "out"), "--overwrite"])
-    with pytest.raises(hf.HFInteropError, match="no checkpoint at step 5"):
+    with pytest.raises(HFInteropError, match="no checkpoint at step 5"):
         export_main([run.info.run_id, str(tmp_path / "o2"), "--tracking-uri", uri, "--step", "5"])
-    with pytest.raises(hf.HFInteropError, match="neither an existing pre-trained directory nor an MLflow run id"):
+    with pytest.raises(HFInteropError, match="neither an existing pre-trained directory nor an MLflow run id"):
         export_main([str(tmp_path / "nope"), str(tmp_path / "o3")])
 
 
@@ -255,28 +257,28 @@ def test_export_cli_resolves_mlflow_run(tmp_path, vocab_file, capsys):
 def test_import_rejects_other_architectures(tmp_path):
     (tmp_path / "gpt2").mkdir()
     transformers.GPT2Config(n_layer=1).save_pretrained(tmp_path / "gpt2")
-    with pytest.raises(hf.HFInteropError, match=r"'electra' or 'bert'.*found model_type='gpt2'"):
-        hf.import_pretrained(str(tmp_path / "gpt2"))
+    with pytest.raises(HFInteropError, match=r"'electra' or 'bert'.*found model_type='gpt2'"):
+        import_pretrained(str(tmp_path / "gpt2"))
 
 
 def test_import_rejects_vocab_size_mismatch(tmp_path, vocab_file):
-    model = transformers.ElectraForPreTraining(hf.electra_config(tiny_config(True)))
+    model = transformers.ElectraForPreTraining(electra_config(tiny_config(True)))
     model.save_pretrained(tmp_path / "m")
     lines = vocab_file.read_text().splitlines(keepends=True)
     (tmp_path / "m" / "vocab.txt").write_text("".join(lines[:-1]))
-    with pytest.raises(hf.HFInteropError, match=f"vocab_size={VOCAB_LINES} but .* has {VOCAB_LINES - 1} entries"):
-        hf.import_pretrained(str(tmp_path / "m"))
+    with pytest.raises(HFInteropError, match=f"vocab_size={VOCAB_LINES} but .* has {VOCAB_LINES - 1} entries"):
+        import_pretrained(str(tmp_path / "m"))
 
 
 def test_directory_without_config(tmp_path, vocab_file):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(hf.HFInteropError, match=r"empty has no config.json: expected a transformers"):
-        hf.import_pretrained(str(tmp_path / "empty"))
+    with pytest.raises(HFInteropError, match=r"empty has no config.json: expected a transformers"):
+        import_pretrained(str(tmp_path / "empty"))
     with pytest.raises(checkpoint.CheckpointError, match=r"empty is not a pre-trained directory: config.json is"):
-        hf.export_pretrained(tmp_path / "empty", tmp_path / "out")
+        export_pretrained(tmp_path / "empty", tmp_path / "out")
     directory, _, _ = make_pretrained(tmp_path / "pt", vocab_file)
-    with pytest.raises(hf.HFInteropError, match="electra-ablate pre-trained directory.*without the hf: prefix"):
-        hf.import_pretrained(str(directory))
+    with pytest.raises(HFInteropError, match="electra-ablate pre-trained directory.*without the hf: prefix"):
+        import_pretrained(str(directory))
 
 
 def test_hub_id_offline_gives_clear_message(monkeypatch, tmp_path):
@@ -284,5 +286,5 @@ def test_hub_id_offline_gives_clear_message(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(hf.HFInteropError, match="HF_HUB_OFFLINE.*local directory"):
-        hf.import_pretrained("google/electra-small-discriminator")
+    with pytest.raises(HFInteropError, match="HF_HUB_OFFLINE.*local directory"):
+        import_pretrained("google/electra-small-discriminator")

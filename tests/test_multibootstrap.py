@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from electra_ablate import finetune
+from electra_ablate.glue import features as glue_features
+from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import multibootstrap as mb
 
@@ -46,7 +48,7 @@ def test_resampled_metric_equals_the_project_metric_on_the_expanded_resample(tas
     got = mb.resampled_metric(spec, labels, preds, w)
     for b in range(5):
         for r in range(3):
-            expected = 100 * glue.METRICS[spec.paper_metric](preds[r][idx[b]], labels[idx[b]])
+            expected = 100 * glue_metrics.METRICS[spec.paper_metric](preds[r][idx[b]], labels[idx[b]])
             assert got[b, r] == pytest.approx(expected, abs=1e-9)
 
 
@@ -174,7 +176,7 @@ def test_predictions_artifact_round_trips(tmp_path):
     preds = {}
     for split, n in (("dev_matched", 7), ("dev_mismatched", 5)):
         labels = rng.integers(0, 3, n)
-        feats[split] = glue.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(n + 1, np.int64), labels,
+        feats[split] = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(n + 1, np.int64), labels,
                                      np.arange(n) + 100)
         preds[split] = rng.integers(0, 3, n)
     path = finetune.write_predictions(tmp_path / "dev_predictions.tsv", task, feats, preds)
@@ -184,7 +186,7 @@ def test_predictions_artifact_round_trips(tmp_path):
     _, _, mismatched = mb.read_predictions(path, task, "dev_mismatched")
     assert list(mismatched) == list(preds["dev_mismatched"])
     stsb = glue.get_task("stsb")
-    f = glue.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(3, np.int64), np.array([0.2, 4.8], np.float32),
+    f = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(3, np.int64), np.array([0.2, 4.8], np.float32),
                       np.arange(2))
     path = finetune.write_predictions(tmp_path / "stsb.tsv", stsb, {"dev": f}, {"dev": np.array([1.25, 3.5])})
     assert list(mb.read_predictions(path, stsb)[2]) == [1.25, 3.5]

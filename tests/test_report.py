@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from electra_ablate.report import build as report
+from electra_ablate.report.build import write_report
+from electra_ablate.report.collect import collect
+from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
+from electra_ablate.report.provenance import UNRECORDED, vocabularies, vocabulary_warning
+from electra_ablate.report.stats import bootstrap_difference, learning_curve, summarize
 from electra_ablate.sweep import runner as sweep
 from electra_ablate.tracking import runs as tracking
 
@@ -115,9 +119,9 @@ def recomputed_medians(uri: str) -> dict[tuple[str, str], float]:
 
 def test_report_medians_equal_the_stored_runs(store, tmp_path):
     ctx, client, ids = store
-    path = report.write_report(ctx, client, tmp_path / "reports")
-    data = report.collect(ctx, client)
-    summary = report.summarize(data)
+    path = write_report(ctx, client, tmp_path / "reports")
+    data = collect(ctx, client)
+    summary = summarize(data)
 
     expected = recomputed_medians(ctx.tracking_uri)
     assert expected[("electra", "rte")] == 62.0  # the newer run (60.0) replaced the older 1.0
@@ -140,12 +144,12 @@ def test_report_medians_equal_the_stored_runs(store, tmp_path):
 
 def test_bootstrap_interval_and_spread(store, tmp_path):
     ctx, client, _ = store
-    summary = report.summarize(report.collect(ctx, client))
+    summary = summarize(collect(ctx, client))
     d, lo, hi = summary.differences["bert"]
     assert d == pytest.approx(64.0 - 68.5)
     assert lo <= d <= hi
     # Deterministic: the fixed seed gives the same interval twice.
-    assert report.summarize(report.collect(ctx, client)).differences["bert"] == (d, lo, hi)
+    assert summarize(collect(ctx, client)).differences["bert"] == (d, lo, hi)
     stats = summary.stats.loc[("electra", "mrpc")]
     assert (stats["n"], stats["min"], stats["max"], stats["best"]) == (3, 70.0, 80.0, 80.0)
     assert stats["std"] == pytest.approx(np.std([80.0, 70.0, 75.0], ddof=1))
@@ -156,13 +160,13 @@ def test_bootstrap_interval_and_spread(store, tmp_path):
 
 def test_bootstrap_interval_covers_zero_for_identical_samples():
     x = {"rte": np.array([60.0, 61.0, 59.0, 62.0])}
-    d, lo, hi = report.bootstrap_difference(x, x)
+    d, lo, hi = bootstrap_difference(x, x)
     assert d == 0 and lo < 0 < hi or (lo == hi == 0)
 
 
 def test_failed_and_missing_runs_are_listed_not_fatal(store, tmp_path):
     ctx, client, ids = store
-    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
     section = text.split("## Failed and missing runs")[1].split("##")[0]
     assert re.search(r"pre-training replace_mlm seed 0 .*: FAILED .*not fine-tuned", section)
     assert "fine-tuning bert-s0-final rte seed 2: FAILED" in section
@@ -171,8 +175,8 @@ def test_failed_and_missing_runs_are_listed_not_fatal(store, tmp_path):
 
 def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
     ctx, client, ids = store
-    data = report.collect(ctx, client)
-    curve = report.learning_curve(data).set_index(["variant", "fraction"])
+    data = collect(ctx, client)
+    curve = learning_curve(data).set_index(["variant", "fraction"])
     assert curve.loc[("electra", 0.5), "flops"] == pytest.approx(50e9)
     assert curve.loc[("bert", 1.0), "flops"] == pytest.approx(80e9)
     assert curve.loc[("electra", 0.5), "glue"] == pytest.approx((58.0 + 71.0) / 2)
@@ -181,8 +185,8 @@ def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
 def test_report_files_are_written_whole(store, tmp_path):
     ctx, client, _ = store
     out = tmp_path / "reports"
-    report.write_report(ctx, client, out)
-    report.write_report(ctx, client, out)  # again over the old one
+    write_report(ctx, client, out)
+    write_report(ctx, client, out)  # again over the old one
     assert sorted(p.name for p in out.iterdir()) == ["mini", "mini.md"]
     assert sorted(p.name for p in (out / "mini").iterdir()) == ["expected_max.png", "generator_size.png", "glue.png", "learning_curves.png"]
     text = (out / "mini.md").read_text()
@@ -193,7 +197,7 @@ def test_report_files_are_written_whole(store, tmp_path):
 
 
 def test_paper_numbers_come_from_the_data_file():
-    paper = report.load_paper_results()
+    paper = load_paper_results()
     assert paper["table5_efficiency"]["rows"]["electra"]["glue"] == 85.0
     assert paper["weight_sharing"]["rows"]["all"]["glue"] == 84.4
     assert paper["table1_small"]["rows"]["electra"]["by_fraction"][0.0625] == 74.1
@@ -203,16 +207,16 @@ def test_paper_numbers_come_from_the_data_file():
     # The released-models sweep's rows resolve, and a README row's GLUE is the mean of its task numbers.
     spec = sweep.load_sweep("released_models")
     for v in spec.variants:
-        row, source = report.paper_row(spec, v.label)
+        row, source = paper_row(spec, v.label)
         assert row is not None and "README" in source
     row = paper["readme_expected_results"]["rows"]["electra_small"]
-    assert report.paper_glue(row, ["cola", "rte"]) == (pytest.approx((57.0 + 66.7) / 2), True)
+    assert paper_glue(row, ["cola", "rte"]) == (pytest.approx((57.0 + 66.7) / 2), True)
 
 
 def test_a_sweep_with_no_runs_yet_reports_everything_missing(tmp_path, data_dir):
     ctx = make_context(tmp_path, data_dir)
     client = tracking.setup(ctx.tracking_uri, "mini")
-    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
     assert "No fine-tuning run of a final checkpoint has finished yet." in text
     for variant in ("electra", "bert", "replace_mlm"):
         assert f"pre-training {variant} seed 0 (config " in text and "missing (no MLflow run)" in text
@@ -226,7 +230,7 @@ def test_report_lists_each_arms_vocabulary_and_warns_when_they_differ(tmp_path, 
     for variant in ("electra", "bert"):
         run_id = pretrain_run(client, ctx, variant, vocab=vocab[variant])
         finetune_run(client, run_id, variant, 100, "rte", 0, 60.0, vocab=vocab[variant])
-    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
     provenance = text.split("## How this was produced")[1]
     assert f"electra `{'a' * 12}`; bert `{bert_vocab[:12]}`; replace_mlm no runs" in provenance
     differ = bert_vocab != vocab["electra"]
@@ -238,9 +242,9 @@ def test_report_lists_each_arms_vocabulary_and_warns_when_they_differ(tmp_path, 
 
 def test_runs_without_a_vocabulary_digest_are_unrecorded_and_do_not_warn(store, tmp_path):
     ctx, client, _ = store
-    data = report.collect(ctx, client)
-    vocabs = report.vocabularies(data)
-    assert vocabs == {"electra": {report.UNRECORDED}, "bert": {report.UNRECORDED}, "replace_mlm": set()}
-    assert report.vocabulary_warning(vocabs) is None
-    assert report.vocabulary_warning({"electra": {"a" * 64, report.UNRECORDED}, "bert": {"a" * 64}}) is None
-    assert "within electra" in report.vocabulary_warning({"electra": {"a" * 64, "c" * 64}, "bert": {"a" * 64}})
+    data = collect(ctx, client)
+    vocabs = vocabularies(data)
+    assert vocabs == {"electra": {UNRECORDED}, "bert": {UNRECORDED}, "replace_mlm": set()}
+    assert vocabulary_warning(vocabs) is None
+    assert vocabulary_warning({"electra": {"a" * 64, UNRECORDED}, "bert": {"a" * 64}}) is None
+    assert "within electra" in vocabulary_warning({"electra": {"a" * 64, "c" * 64}, "bert": {"a" * 64}})

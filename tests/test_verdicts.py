@@ -14,8 +14,13 @@ import pytest
 
 from electra_ablate import finetune
 from electra_ablate.report import expected_max
+from electra_ablate.glue import features as glue_features
+from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
-from electra_ablate.report import build as report
+from electra_ablate.report.build import write_report
+from electra_ablate.report.collect import collect
+from electra_ablate.report.paper import load_paper_results
+from electra_ablate.report.stats import summarize
 from electra_ablate.sweep import runner as sweep
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.report import verdicts
@@ -52,7 +57,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
     labels = np.random.default_rng(123).integers(0, 2, N)  # the same dev set for every run
     correct = rng.random(N) < ACCURACY[variant] + rng.normal(0, 0.02)
     preds = np.where(correct, labels, 1 - labels)
-    score = 100 * glue.METRICS[spec.paper_metric](preds, labels)
+    score = 100 * glue_metrics.METRICS[spec.paper_metric](preds, labels)
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id or "none",
             "pretrained_step": 100 if pretrain_id else 0, "variant": variant, "sweep": "claims_mini",
             "config_hash": f"{variant}{pretrain_id}{task}{seed}"}
@@ -60,7 +65,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
     run = tracking.RunLogger.start(client, "claims_mini", f"{task}-s{seed}", tags, parent_run_id=pretrain_id)
     run.log_metrics({"final/score": score}, 3)
     if with_predictions:
-        features = glue.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(N + 1, np.int64), labels,
+        features = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(N + 1, np.int64), labels,
                                  np.arange(N))
         out = tmp / run.run_id / "dev_predictions.tsv"
         run.log_artifact(finetune.write_predictions(out, spec, {"dev": features}, {"dev": preds}), "predictions")
@@ -91,10 +96,10 @@ def store(tmp_path_factory, data_dir):
 
 def test_claims_hold_and_no_pretraining_is_an_arm_of_single_runs(store, tmp_path):
     ctx, client = store
-    data = report.collect(ctx, client)
+    data = collect(ctx, client)
     final = data.scores[data.scores["final"].astype(bool)]
     assert set(final["variant"]) == {"electra", "bert", "scratch"} and len(final) == 2 * 3 * 2 * 2 + 6
-    results = {v.claim.text: v for v in verdicts.verdicts(ctx.spec, final, client, report.load_paper_results())}
+    results = {v.claim.text: v for v in verdicts.verdicts(ctx.spec, final, client, load_paper_results())}
     assert set(results) == {"ELECTRA beats BERT", "Pre-training beats no pre-training (sanity check): electra > scratch",
                             "Pre-training beats no pre-training (sanity check): bert > scratch"}
     v = results["ELECTRA beats BERT"]
@@ -104,23 +109,23 @@ def test_claims_hold_and_no_pretraining_is_an_arm_of_single_runs(store, tmp_path
     floor = results["Pre-training beats no pre-training (sanity check): bert > scratch"]
     assert floor.verdict == "holds" and floor.groups == {"bert": 2, "scratch": 3}  # each scratch run its own group
 
-    text = report.write_report(ctx, client, tmp_path / "reports").read_text()
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
     section = text.split("## Verdicts on the paper's claims")[1].split("## Failed and missing runs")[0]
     row = next(line for line in section.splitlines() if line.startswith("| ELECTRA beats BERT |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:4] == ["Table 5", "85.0 vs 82.2 (+2.8)", "GLUE-2: CoLA, RTE"] and cells[6] == "holds"
     assert "## Expected best dev score of n runs" in text and (tmp_path / "reports/claims_mini/expected_max.png").is_file()
     # The existing sections count the random-init arm too.
-    summary = report.summarize(data)
+    summary = summarize(data)
     assert summary.glue["scratch"] is not None and len(summary.seed_glue[summary.seed_glue["variant"] == "scratch"]) == 3
     assert "scratch" in summary.differences
 
 
 def test_runs_without_predictions_fall_back_to_their_scores(tmp_path, data_dir):
     ctx, client = build_store(tmp_path, data_dir, with_predictions=lambda variant: variant != "bert")
-    data = report.collect(ctx, client)
+    data = collect(ctx, client)
     final = data.scores[data.scores["final"].astype(bool)]
-    results = {v.claim.text: v for v in verdicts.verdicts(ctx.spec, final, client, report.load_paper_results())}
+    results = {v.claim.text: v for v in verdicts.verdicts(ctx.spec, final, client, load_paper_results())}
     assert not results["ELECTRA beats BERT"].examples and results["ELECTRA beats BERT"].verdict == "holds"
     assert results["Pre-training beats no pre-training (sanity check): electra > scratch"].examples
     lines = verdicts.render(list(results.values()))
@@ -141,7 +146,7 @@ def test_unresolved_claims_say_what_would_resolve_them():
 
 
 def test_claims_cover_the_paper_sweeps():
-    paper = report.load_paper_results()
+    paper = load_paper_results()
     claims = verdicts.load_claims()
     table5 = verdicts.sweep_claims(sweep.load_sweep("table5_efficiency"), paper)
     assert len(table5) == len(claims["table5_efficiency"]) == 5

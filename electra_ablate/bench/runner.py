@@ -56,7 +56,7 @@ from electra_ablate.models import fast
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.flops import pretrain_flops_per_step
-from electra_ablate.hf.interop import electra_config, to_transformers_state_dict
+from electra_ablate.hf.convert import electra_config, to_transformers_state_dict
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig, Networks
 from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.objectives.base import Batch, mask_tokens
@@ -828,19 +828,21 @@ def section_bert(s: Settings, rep: Report, model: str) -> None:
 def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst2") -> None:
     """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs,
     at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
-    from electra_ablate.glue import tasks as glue
     from electra_ablate.data.tokenizer import load_tokenizer
+    from electra_ablate.glue.features import featurize
+    from electra_ablate.glue.readers import read_tsv
+    from electra_ablate.glue.tasks import get_task
     from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
                                                 layerwise_param_groups)
 
     cfg = compose_config(s, model)
-    task = glue.get_task(task_name)
+    task = get_task(task_name)
     batch_size = 32 if s.device.type == "cpu" else 128
     n_batches = 2 if s.quick else 4
-    examples = glue.read_tsv(task, s.data_dir / "glue", "train")
+    examples = read_tsv(task, s.data_dir / "glue", "train")
     if model == s.models[0]:  # padding of one epoch of the training split (no timing): once per run
         subset = examples[: 2000] if s.quick else examples
-        lengths = glue.featurize(subset, load_tokenizer(cfg.data.vocab_file, True), 128, task.is_regression).lengths
+        lengths = featurize(subset, load_tokenizer(cfg.data.vocab_file, True), 128, task.is_regression).lengths
         shuffled = np.random.default_rng(0).permutation(len(lengths))
         for label, batches_of in (
             ("shuffled, padded to the batch's longest (default)",
@@ -852,8 +854,8 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
             rep.finetune_padding.append({"task": task_name.upper(), "batching": label, "examples": len(lengths),
                                          "real_tokens": int(lengths.sum()), "padded_tokens": padded})
     order = np.random.default_rng(0).permutation(len(examples))[: batch_size * n_batches]
-    features = glue.featurize([examples[i] for i in order], load_tokenizer(cfg.data.vocab_file, True), 128,
-                              task.is_regression)
+    features = featurize([examples[i] for i in order], load_tokenizer(cfg.data.vocab_file, True), 128,
+                         task.is_regression)
     batches = []
     for j in range(n_batches):
         items = []

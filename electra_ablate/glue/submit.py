@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 import tempfile
 import zipfile
@@ -32,7 +31,9 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import torch
 
+from electra_ablate.common.io import atomic_file
 from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.features import Features
 
 TEST_ARTIFACT = "predictions/test_predictions.tsv"
 
@@ -158,7 +159,7 @@ def load_test_splits(task: glue.TaskSpec, source: str, glue_dir: str | Path,
 
 
 @torch.no_grad()
-def predict(system, features: glue.Features, batch_size: int, pad_id: int, autocast: str | None = None) -> np.ndarray:
+def predict(system, features: Features, batch_size: int, pad_id: int, autocast: str | None = None) -> np.ndarray:
     """Class ids (or STS-B scores) of a fine-tuned FinetuneSystem on tokenized examples, in their order."""
     from electra_ablate.glue.system import FeaturesDataset, collate, sorted_batches
 
@@ -184,14 +185,11 @@ def label_string(task: glue.TaskSpec, value) -> str:
 def write_test_predictions(path: Path, task: glue.TaskSpec, examples: dict[str, Sequence[glue.Example]],
                            predictions: dict[str, np.ndarray]) -> Path:
     """The run's test-predictions TSV (split, index, prediction), written to a temp name and renamed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".test_predictions.", suffix=".tmp")
-    with os.fdopen(fd, "w", newline="") as f:
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
         writer.writerow(["split", "index", "prediction"])
         for split, exs in examples.items():
             writer.writerows([split, e.idx, label_string(task, p)] for e, p in zip(exs, predictions[split]))
-    os.replace(tmp, path)
     return path
 
 
@@ -234,13 +232,10 @@ def write_submission(predictions: dict[str, dict[str, list[tuple[int, str]]]], o
         raise SubmitError(f"no predictions for {', '.join(missing)}; the GLUE server needs all of "
                           f"{', '.join(SUBMISSION_FILES)} (pass --partial to write the others anyway)")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+    with atomic_file(out) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for name in SUBMISSION_FILES:
             if name in files:
                 z.writestr(name, files[name])
-    os.replace(tmp, out)
     return out, [f for f in SUBMISSION_FILES if f in files]
 
 

@@ -24,7 +24,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from electra_ablate.common.loader import worker_context
-from electra_ablate.glue.tasks import Features, TaskSpec, compute_metrics
+from electra_ablate.glue.features import Features
+from electra_ablate.glue.metrics import compute_metrics
+from electra_ablate.glue.tasks import TaskSpec
 from electra_ablate.models.encoder import ElectraModel
 from electra_ablate.training.optim import linear_warmup_decay, no_decay
 from electra_ablate.training.system import FusedClipping

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from electra_ablate.models.encoder import Networks
-from electra_ablate.models.flops import MASKED_FRACTION, Heads
+from electra_ablate.models.flops import Heads
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, ratio
 
 

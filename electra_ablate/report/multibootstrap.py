@@ -46,6 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.metrics import METRICS
 
 SAMPLES = 1000
 SEED = 0
@@ -150,8 +151,8 @@ def _weighted_pearson(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray
 
 
 def resampled_metric(task: glue.TaskSpec, labels: np.ndarray, preds: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The task's paper metric x 100 (glue.task_score) of every run on every resample: (N,) labels, (R, N)
-    predictions, (B, N) example counts -> (B, R). Equal to glue.METRICS on the expanded resample (tested)."""
+    """The task's paper metric x 100 (glue.metrics.task_score) of every run on every resample: (N,) labels, (R, N)
+    predictions, (B, N) example counts -> (B, R). Equal to glue.metrics.METRICS on the expanded resample (tested)."""
     metric = task.paper_metric
     w = w.astype(float)
     n = w.sum(axis=1, keepdims=True)  # (B, 1)
@@ -311,8 +312,8 @@ def _common_examples(task: glue.TaskSpec, runs: Sequence[RunPredictions]):
 
 
 def _observed(task: glue.TaskSpec, preds: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Each run's paper metric x 100 on all the examples, with the project's metric code (glue.METRICS)."""
-    return np.array([100 * glue.METRICS[task.paper_metric](p, labels) for p in preds])
+    """Each run's paper metric x 100 on all the examples, with the project's metric code (glue.metrics.METRICS)."""
+    return np.array([100 * METRICS[task.paper_metric](p, labels) for p in preds])
 
 
 def notes(boot: Bootstrap, arms: Sequence[str]) -> tuple[str, ...]:

@@ -1,0 +1,126 @@
+"""The runs of one sweep's grid, read from its MLflow experiment: pre-training runs found by config hash,
+fine-tuning runs by (pre-training run, step, task, seed), newest finished first; failed and missing jobs as
+one line each; pre-training FLOPs at each checkpoint counted as the paper does (electra_ablate.models.flops).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from electra_ablate.sweep.runner import (
+    random_init_checkpoints,
+    Checkpoint,
+    FinetuneKey,
+    PretrainState,
+    SweepContext,
+    checkpoints_of,
+    finetune_key,
+    key_of,
+    pretrain_states,
+)
+from electra_ablate.tracking import runs as tracking
+
+
+@dataclass
+class SweepData:
+    ctx: SweepContext
+    pretrain: list[PretrainState]
+    checkpoints: list[Checkpoint]  # every checkpoint the sweep fine-tunes (of finished pre-training runs)
+    scores: pd.DataFrame  # one row per finished fine-tuning job of the grid
+    problems: list[str]  # failed and missing jobs, one line each
+    frame: pd.DataFrame  # every run of the experiment (tracking.runs_frame)
+    flops: dict[tuple[str, int], float] = field(default_factory=dict)  # (pretrain run, step) -> FLOPs
+
+
+def _tags(row: pd.Series) -> dict[str, str]:
+    return {c[len("tags."):]: str(v) for c, v in row.items() if c.startswith("tags.") and isinstance(v, str)}
+
+
+def collect(ctx: SweepContext, client) -> SweepData:
+    spec = ctx.spec
+    frame = tracking.runs_frame(client, ctx.experiment)
+    states = pretrain_states(ctx, client)
+    problems: list[str] = []
+    checkpoints: list[Checkpoint] = [Checkpoint(v.label, None, None, None, True, None)
+                                     for v in spec.variants if v.pretrained is not None]
+    for s in states:
+        what = f"pre-training {s.job.variant} seed {s.job.seed} (config {s.config_hash})"
+        if s.run is not None:
+            found, missing = checkpoints_of(s, spec.checkpoints)
+            checkpoints += found
+            problems += [f"{m}: its fine-tuning jobs were not run" for m in missing]
+        elif s.failed is not None:
+            problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); not fine-tuned")
+        else:
+            problems.append(f"{what}: missing (no MLflow run); not fine-tuned")
+    checkpoints += random_init_checkpoints(spec, checkpoints)
+
+    ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
+    ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft
+    done: dict[FinetuneKey, pd.Series] = {}
+    failed: dict[FinetuneKey, pd.Series] = {}
+    for _, row in ft.iterrows():
+        key = finetune_key(_tags(row))
+        if key is None:
+            continue
+        if key.source.startswith("variant:"):
+            key = key._replace(step="")  # an imported model's step is whatever the import reports
+        target = done if row["status"] == "FINISHED" and not is_missing(row.get("metrics.final/score")) else failed
+        target.setdefault(key, row)
+
+    records = []
+    for c in checkpoints:
+        for task in spec.tasks:
+            absent = []
+            for seed in spec.seeds:
+                key = key_of(c, task, seed)
+                row = done.get(key)
+                if row is None:
+                    bad = failed.get(key)
+                    if bad is None:
+                        absent.append(seed)
+                    else:
+                        problems.append(f"fine-tuning {c.config_name} {task} seed {seed}: {bad['status']} "
+                                        f"(MLflow run {bad['run_id']})")
+                    continue
+                records.append({
+                    "variant": c.variant, "pretrain_seed": c.pretrain_seed, "pretrain_run": c.run_id,
+                    "step": c.step, "fraction": c.fraction, "final": c.final, "task": task, "seed": seed,
+                    "score": float(row["metrics.final/score"]), "run_id": row["run_id"],
+                })
+            if absent:
+                problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(absent) > 1 else ''} "
+                                f"{', '.join(map(str, absent))}: missing (no MLflow run)")
+    scores = pd.DataFrame.from_records(records, columns=[
+        "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id"])
+    data = SweepData(ctx, states, checkpoints, scores, problems, frame)
+    if "learning_curves" in spec.figures:
+        data.flops = checkpoint_flops(client, states, checkpoints)
+    return data
+
+
+def is_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Sequence[Checkpoint]) -> dict:
+    """Pre-training FLOPs at each checkpoint: the run's train/flops at that step (interpolated between logged
+    steps), else flops/total scaled by step / max_steps."""
+    out = {}
+    runs = {s.run.info.run_id: s for s in states if s.run is not None}
+    for c in checkpoints:
+        if c.run_id is None or c.run_id not in runs:
+            continue
+        history = sorted((m.step, m.value) for m in client.get_metric_history(c.run_id, "train/flops"))
+        if history and history[0][0] <= c.step <= history[-1][0]:
+            steps, values = zip(*history)
+            out[(c.run_id, c.step)] = float(np.interp(c.step, steps, values))
+        elif "flops/total" in runs[c.run_id].run.data.metrics:
+            state = runs[c.run_id]
+            out[(c.run_id, c.step)] = state.run.data.metrics["flops/total"] * c.step / max(c.step, state.max_steps)
+    return out

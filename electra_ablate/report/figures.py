@@ -1,0 +1,110 @@
+"""The report's PNG figures (matplotlib, Agg backend): GLUE per fine-tuning seed, GLUE against generator size
+(paper Figure 3, left) and learning curves against pre-training FLOPs and fraction of steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from electra_ablate.report.collect import SweepData
+from electra_ablate.report.markdown import short_glue
+from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
+from electra_ablate.report.stats import Summary, generator_size_points, learning_curve
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
+    plt = _pyplot()
+    spec = data.ctx.spec
+    labels = [v.label for v in spec.variants]
+    fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(labels) + 1.5), 3.6))
+    paper = load_paper_results()
+    for i, v in enumerate(labels):
+        seeds = summary.seed_glue[summary.seed_glue["variant"] == v]["glue"].to_numpy()
+        ax.scatter(np.full(len(seeds), i) + np.linspace(-0.12, 0.12, len(seeds)), seeds, s=14, alpha=0.6, color="C0")
+        if summary.glue[v] is not None:
+            ax.hlines(summary.glue[v], i - 0.3, i + 0.3, color="C0", lw=2, label="median (ours)" if i == 0 else None)
+        theirs, _ = paper_glue(paper_row(spec, v, paper)[0], summary.tasks)
+        if theirs is not None:
+            ax.scatter([i], [theirs], marker="x", color="C3", s=40, label="paper" if i == 0 else None)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_ylabel(f"{short_glue(summary.tasks)} dev")
+    ax.set_title(f"{spec.name}: GLUE per fine-tuning seed")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def generator_size_figure(data: SweepData, path: Path) -> bool:
+    pts = generator_size_points(data)
+    if pts.empty:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    neural = pts[pts["gen"].notna()]
+    left = np.log2(neural["gen"].min()) - 1 if len(neural) else 0.0  # x position of the fixed-table generators
+    for i, (disc, g) in enumerate(pts.groupby("disc")):
+        color = f"C{i}"
+        n = g[g["gen"].notna()].sort_values("gen")
+        x = np.log2(n["gen"].astype(float))
+        ax.plot(x, n["median"], marker="o", color=color, label=f"discriminator {disc}")
+        ax.fill_between(x, n["q25"], n["q75"], color=color, alpha=0.2)
+        for j, (_, u) in enumerate(g[g["gen"].isna()].iterrows()):
+            ax.errorbar([left - 0.3 * j], [u["median"]], yerr=[[u["median"] - u["q25"]], [u["q75"] - u["median"]]],
+                        fmt="s", color=color, capsize=3)
+    ticks = sorted(set(np.log2(neural["gen"].astype(float)))) if len(neural) else []
+    labels = [str(int(2 ** t)) for t in ticks]
+    kinds = sorted(set(pts[pts["gen"].isna()]["kind"]))
+    if kinds:
+        ticks, labels = [left, *ticks], ["/".join(kinds), *labels]
+    ax.set_xticks(ticks, labels)
+    ax.set_xlabel("generator hidden size")
+    ax.set_ylabel("GLUE dev (median)")
+    ax.set_title("GLUE vs generator size")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def learning_curves_figure(data: SweepData, path: Path) -> bool:
+    curve = learning_curve(data)
+    if curve.empty:
+        return False
+    plt = _pyplot()
+    paper = load_paper_results()
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, (variant, g) in enumerate(curve.groupby("variant", sort=False)):
+        color = f"C{i}"
+        for axis, x in ((ax, g["flops"]), (bx, g["fraction"])):
+            axis.plot(x, g["glue"], marker="o", color=color, label=variant)
+            axis.fill_between(x, g["q25"], g["q75"], color=color, alpha=0.2)
+        by_fraction = ((paper_row(data.ctx.spec, variant, paper)[0] or {}).get("by_fraction")) or {}
+        if by_fraction:
+            bx.plot([float(f) for f in by_fraction], list(by_fraction.values()), ls="--", marker="x", color=color,
+                    label=f"{variant} (paper)")
+    ax.set_xscale("log")
+    ax.set_xlabel("pre-training FLOPs (paper accounting)")
+    ax.set_ylabel("GLUE dev (median)")
+    ax.set_title("GLUE vs pre-training compute")
+    bx.set_xscale("log", base=2)
+    bx.set_xlabel("fraction of pre-training steps")
+    bx.set_title("vs fraction of training (paper: dashed)")
+    for a in (ax, bx):
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,140 @@
+"""How a report's numbers were produced: the sweep invocations and their phases, machine and packages, git
+commits and compute time of the runs counted, the vocabulary of each arm (with a warning when arms differ),
+and where to find the runs in the MLflow dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from electra_ablate.report import arms
+from electra_ablate.report.collect import SweepData, is_missing
+from electra_ablate.sweep.runner import environment
+from electra_ablate.tracking import runs as tracking
+
+
+VOCAB_SHA_PREFIX = 12  # hex digits of a vocabulary's sha256 shown in the report
+UNRECORDED = "unrecorded"  # runs logged before the vocabulary digest was recorded
+
+
+def vocabularies(data: SweepData) -> dict[str, set[str]]:
+    """The vocabulary digests (sha256 of vocab.txt) of each arm's runs in the tables, by variant label: its
+    pre-training runs and the fine-tuning runs counted (the latter also cover imported `pretrained` arms)."""
+    out: dict[str, set[str]] = {v.label: set() for v in data.ctx.spec.variants}
+    column = f"params.{tracking.PARAM_VOCAB_SHA256}"
+    by_pretrain_run: dict[str, str] = {}
+    for s in data.pretrain:
+        if s.run is not None:
+            # Runs from before the digest was recorded: the vocab.txt saved with the network.
+            digest = arms.run_vocab_sha256(s.run) or UNRECORDED
+            by_pretrain_run[s.run.info.run_id] = digest
+            out.setdefault(s.job.variant, set()).add(digest)
+    if len(data.scores) and len(data.frame):
+        digests = data.frame.set_index("run_id")[column] if column in data.frame else pd.Series(dtype=str)
+        for variant, run_id, pre in zip(data.scores["variant"], data.scores["run_id"], data.scores["pretrain_run"]):
+            digest = digests.get(run_id)
+            if not isinstance(digest, str):
+                digest = by_pretrain_run.get(pre, UNRECORDED)  # its tokenizer is its checkpoint's
+            out.setdefault(variant, set()).add(digest)
+    return out
+
+
+def vocabulary_warning(vocabs: Mapping[str, set[str]]) -> str | None:
+    """A warning when the arms compared (or the runs of one arm) did not all use the same vocabulary."""
+    known = {d for ds in vocabs.values() for d in ds if d != UNRECORDED}
+    if len(known) <= 1:
+        return None
+    mixed = [label for label, ds in vocabs.items() if len(ds - {UNRECORDED}) > 1]
+    return ("**Warning: the runs compared here used different vocabularies** (" + _vocab_list(vocabs)
+            + "): their token ids differ, so a difference between arms mixes the variant with the vocabulary"
+            + (f", and within {', '.join(mixed)} runs of one arm differ too" if mixed else "")
+            + ". Rebuild with one vocabulary (same data config and corpus; see README, Reproducibility).")
+
+
+def _vocab_list(vocabs: Mapping[str, set[str]]) -> str:
+    return "; ".join(f"{label} " + (", ".join(f"`{d[:VOCAB_SHA_PREFIX]}`" if d != UNRECORDED else d
+                                              for d in sorted(ds)) or "no runs")
+                     for label, ds in vocabs.items())
+
+
+def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None) -> str:
+    frame = data.frame
+    lines = []
+    sweeps = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "sweep"] if len(frame) else frame
+    if len(sweeps):
+        sweeps = sweeps[sweeps.get("tags.scale", pd.Series(dtype=str)) == data.ctx.spec.scale_name]
+        sweeps = sweeps.sort_values("start_time")
+    if len(sweeps):
+        lines.append("Sweep invocations (oldest first; each phase launches only what was not already finished):")
+        lines.append("")
+        for _, r in sweeps.iterrows():
+            wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
+            lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
+                         f"status {'RUNNING (this report)' if r['run_id'] == running_sweep_run else r['status']}, "
+                         f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
+            for name in ("pretrain", "finetune"):
+                col = f"tags.phase.{name}"
+                if not isinstance(r.get(col), str):
+                    continue
+                phase = json.loads(r[col])
+                what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
+                lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
+        last = sweeps.iloc[-1]
+        lines += ["", f"- Machine of the last sweep: {last.get('tags.hardware', '?')}; {last.get('tags.platform', '?')}; "
+                  f"Python {last.get('tags.python', '?')}", f"- Packages: {last.get('tags.packages', '?')}"]
+    else:
+        env = environment()
+        lines += ["No sweep run is recorded (the runs were launched by hand); the report's own machine:", "",
+                  f"- {env['hardware']}; {env['platform']}; Python {env['python']}", f"- Packages: {env['packages']}"]
+    jobs = frame[frame.get("tags.kind", pd.Series(dtype=str)).isin(["pretrain", "finetune"])] if len(frame) else frame
+    grid = {s.run.info.run_id for s in data.pretrain if s.run is not None} | set(data.scores["run_id"]) if len(data.scores) or data.pretrain else set()
+    jobs = jobs[jobs["run_id"].isin(grid)] if len(jobs) else jobs
+    if len(jobs):
+        commits = sorted(set(jobs.get("tags.git_commit", pd.Series(dtype=str)).dropna()))
+        seconds = (_times(jobs["end_time"]) - _times(jobs["start_time"])).dt.total_seconds()
+        hours = {k: seconds[g.index].sum() for k, g in jobs.groupby("tags.kind")}
+        lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
+                  "- Compute time of the runs in the tables (sum of run durations): "
+                  + ", ".join(f"{k} {_duration(v)} over {int((jobs['tags.kind'] == k).sum())} runs" for k, v in hours.items())]
+    vocabs = vocabularies(data)
+    lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
+    warning = vocabulary_warning(vocabs)
+    if warning:
+        lines.append(f"- {warning}")
+    lines += [f"- Sweep file: `sweeps/{data.ctx.spec.path.name}`; generated job configs: `{data.ctx.conf_dir}`",
+              f"- Dashboard: `mlflow ui --backend-store-uri {data.ctx.tracking_uri} --host 127.0.0.1`, then "
+              f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "
+              "pre-training run)."]
+    return "\n".join(lines)
+
+
+def _dashboard_link(data: SweepData) -> str:
+    ids = data.frame["experiment_id"].dropna().unique() if "experiment_id" in data.frame else []
+    if len(ids) != 1:
+        return "the experiment's page with the Model training view"
+    return f"<{tracking.dashboard_url('http://127.0.0.1:5000', str(ids[0]))}>"
+
+
+def _times(column: pd.Series) -> pd.Series:
+    """MLflow's start/end times as UTC timestamps (mlflow.search_runs gives epoch milliseconds or datetimes)."""
+    if pd.api.types.is_numeric_dtype(column):
+        return pd.to_datetime(column, unit="ms", utc=True)
+    return pd.to_datetime(column, utc=True)
+
+
+def _when(ts) -> str:
+    if is_missing(ts) or ts is pd.NaT:
+        return "?"
+    stamp = pd.to_datetime(ts, unit="ms", utc=True) if isinstance(ts, (int, float, np.integer)) else pd.Timestamp(ts)
+    return stamp.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _duration(seconds) -> str:
+    if is_missing(seconds):
+        return "?"
+    seconds = float(seconds)
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

@@ -1,0 +1,151 @@
+"""The numbers of a report: per-task spread over fine-tuning seeds (the paper reports the median of 10 runs,
+section 3.1), per-seed GLUE scores, the GLUE of task medians, percentile-bootstrap intervals for a variant's
+difference from the baseline, learning curves and generator-size points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.metrics import glue_score
+from electra_ablate.report.collect import SweepData, is_missing
+
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+def task_stats(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (variant, task): n, median, mean, std, min, max, best-of-N over the fine-tuning runs."""
+    g = scores.groupby(["variant", "task"])["score"]
+    return pd.DataFrame({
+        "n": g.size(), "median": g.median(), "mean": g.mean(), "std": g.std(ddof=1), "min": g.min(),
+        "max": g.max(),
+    }).assign(best=lambda d: d["max"])
+
+
+def per_seed_glue(scores: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
+    """GLUE score of each (variant, pre-training seed, fine-tuning seed) that ran every task in `tasks`."""
+    wide = scores.pivot_table(index=["variant", "pretrain_seed", "seed"], columns="task", values="score", dropna=False)
+    wide = wide.reindex(columns=list(tasks)).dropna()
+    if wide.empty:
+        return pd.DataFrame(columns=["variant", "glue"])
+    glue_scores = [glue_score(dict(zip(tasks, row))).score for row in wide.to_numpy()]
+    return pd.DataFrame({"variant": wide.index.get_level_values("variant"), "glue": glue_scores})
+
+
+def glue_of(medians: Mapping[str, float]) -> float | None:
+    """The GLUE score (paper: mean over tasks, WNLI left out) of per-task medians; None when empty."""
+    per_task = {t: v for t, v in medians.items() if not is_missing(v)}
+    if not per_task or set(per_task) == {"wnli"}:
+        return None
+    return glue_score(per_task).score
+
+
+def bootstrap_difference(
+    variant: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray], samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED, level: float = 0.95,
+) -> tuple[float, float, float]:
+    """(observed, low, high): the GLUE-of-medians difference variant - baseline and its percentile bootstrap
+    interval, resampling each task's fine-tuning runs of each side independently (fixed seed)."""
+    tasks = [t for t in variant if t in baseline and len(variant[t]) and len(baseline[t])]
+    if not tasks:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+
+    def glue_samples(runs: Mapping[str, np.ndarray]) -> np.ndarray:
+        medians = []
+        for t in tasks:  # (samples, n) resamples -> (samples,) medians
+            x = np.asarray(runs[t], dtype=float)
+            medians.append(np.median(x[rng.integers(0, len(x), size=(samples, len(x)))], axis=1))
+        return np.mean(medians, axis=0)
+
+    observed = glue_of({t: float(np.median(variant[t])) for t in tasks}) - glue_of({t: float(np.median(baseline[t])) for t in tasks})
+    diffs = glue_samples(variant) - glue_samples(baseline)
+    alpha = (1 - level) / 2
+    low, high = np.quantile(diffs, [alpha, 1 - alpha])
+    return float(observed), float(low), float(high)
+
+
+@dataclass
+class Summary:
+    """The numbers of the main table (also what tests compare against the stored runs)."""
+
+    tasks: list[str]  # tasks with at least one finished final-checkpoint run, GLUE order
+    medians: pd.DataFrame  # variant x task medians (final checkpoints)
+    glue: dict[str, float | None]  # variant -> GLUE of its task medians
+    stats: pd.DataFrame  # task_stats of the final checkpoints
+    seed_glue: pd.DataFrame  # per_seed_glue of the final checkpoints
+    differences: dict[str, tuple[float, float, float]]  # variant -> bootstrap_difference vs the baseline
+
+
+def summarize(data: SweepData) -> Summary:
+    spec = data.ctx.spec
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    present = set(final["task"]) if len(final) else set()
+    tasks = [t for t in glue.TASKS if t in present and t in spec.tasks]
+    stats = task_stats(final) if len(final) else pd.DataFrame()
+    medians = (stats["median"].unstack("task").reindex(columns=tasks) if len(stats) else pd.DataFrame(columns=tasks))
+    labels = [v.label for v in spec.variants]
+    medians = medians.reindex(index=labels)
+    glue_scores = {v: glue_of(medians.loc[v].to_dict()) for v in labels}
+    differences = {}
+    if spec.baseline and len(final):
+        runs = {v: {t: g["score"].to_numpy() for t, g in final[final["variant"] == v].groupby("task")} for v in labels}
+        for v in labels:
+            if v != spec.baseline and runs[v] and runs[spec.baseline]:
+                differences[v] = bootstrap_difference(runs[v], runs[spec.baseline])
+    return Summary(tasks, medians, glue_scores, stats, per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"]), differences)
+
+
+def learning_curve(data: SweepData) -> pd.DataFrame:
+    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count."""
+    s = data.scores[data.scores["pretrain_run"].notna()] if len(data.scores) else data.scores
+    rows = []
+    tasks = [t for t in glue.TASKS if t in set(s["task"])] if len(s) else []
+    for (variant, fraction), g in s.groupby(["variant", "fraction"]) if len(s) else []:
+        medians = g.groupby("task")["score"].median().to_dict()
+        seeds = per_seed_glue(g, [t for t in tasks if t in medians])["glue"]
+        flops = [data.flops.get((run, step)) for run, step in {(r, st) for r, st in zip(g["pretrain_run"], g["step"])}]
+        flops = [f for f in flops if f is not None]
+        rows.append({"variant": variant, "fraction": float(fraction), "step": int(g["step"].iloc[0]),
+                     "flops": float(np.mean(flops)) if flops else math.nan, "glue": glue_of(medians),
+                     "q25": seeds.quantile(0.25) if len(seeds) else math.nan,
+                     "q75": seeds.quantile(0.75) if len(seeds) else math.nan, "n": int(g["seed"].nunique())})
+    order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
+    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n"])
+    return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
+
+
+def generator_size_points(data: SweepData) -> pd.DataFrame:
+    """Per variant: discriminator hidden size, generator hidden size (None for unigram/uniform), generator
+    kind, and the per-seed GLUE scores, from the pre-training runs' tags."""
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    tasks = [t for t in glue.TASKS if t in set(final["task"])] if len(final) else []
+    seed_glue = per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"])
+    rows = []
+    for s in data.pretrain:
+        if s.run is None:
+            continue
+        tags = s.run.data.tags
+        disc = int(tags.get("disc_hidden_size") or s.run.data.params.get("model.hidden_size"))
+        kind = tags.get("generator", "neural")
+        gen = int(round(disc * float(tags["generator_hidden_size"]))) if kind == "neural" else None
+        rows.append({"variant": s.job.variant, "disc": disc, "gen": gen, "kind": kind})
+    points = pd.DataFrame(rows, columns=["variant", "disc", "gen", "kind"]).drop_duplicates("variant")
+    out = []
+    for _, p in points.iterrows():
+        values = seed_glue[seed_glue["variant"] == p["variant"]]["glue"]
+        if len(values):
+            out.append({**p.to_dict(), "median": glue_of(summary_medians(final, p["variant"])),
+                        "q25": values.quantile(0.25), "q75": values.quantile(0.75)})
+    return pd.DataFrame(out, columns=["variant", "disc", "gen", "kind", "median", "q25", "q75"])
+
+
+def summary_medians(final: pd.DataFrame, variant: str) -> dict:
+    return final[final["variant"] == variant].groupby("task")["score"].median().to_dict()
