@@ -34,19 +34,10 @@ from electra_ablate.report import expected_max
 from electra_ablate.glue import tasks as glue
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.report import verdicts
-from electra_ablate.sweep.runner import (
-    random_init_checkpoints,
-    Checkpoint,
-    FinetuneKey,
-    PretrainState,
-    SweepContext,
-    checkpoints_of,
-    context_from_cfg,
-    environment,
-    finetune_key,
-    key_of,
-    pretrain_states,
-)
+from electra_ablate.sweep.compose import SweepContext, context_from_cfg
+from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
+from electra_ablate.sweep.plan import PretrainState, checkpoints_of, finetune_key, key_of, pretrain_states, random_init_checkpoints
+from electra_ablate.sweep.provenance import environment
 
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
