@@ -5,6 +5,7 @@ two jobs on one GPU (tested with fake GPUs), and a miniature sweep runs end to e
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from electra_ablate.models import flops
-from electra_ablate.sweep.compose import SweepContext, fresh_hydra, make_context, quote, validate
+from electra_ablate.sweep.compose import SweepContext, config_text, fresh_hydra, make_context, quote, validate
 from electra_ablate.sweep.gpus import GpuSlot, _ALL_GPUS_ENV, gpu_candidates, visible_gpus
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
@@ -165,15 +168,24 @@ def test_misspelt_keys_and_options_fail_before_any_job(override, message, tmp_pa
         validate(context(path, None, tmp_path, data_dir))
 
 
+def test_generated_configs_nest_dotted_keys_and_refuse_a_key_below_a_value():
+    text = config_text({"objective": "bert", "trainer.max_steps": 5, "optim.lr": 1e-3, "run_name": "1e-3"},
+                       {"sweep": {"name": "s"}, "trainer": {"export_fractions": [0.5]}}, "test")
+    assert text.startswith("# @package _global_\n# test\n")
+    assert OmegaConf.to_container(OmegaConf.create(text)) == {
+        "defaults": [{"override /objective": "bert"}], "trainer": {"max_steps": 5, "export_fractions": [0.5]},
+        "optim": {"lr": 1e-3}, "run_name": "1e-3", "sweep": {"name": "s"}}  # a float-like string stays a string
+    with pytest.raises(SweepError, match=r"override trainer.max_steps.x sets a key below a plain value"):
+        config_text({"trainer.max_steps": 5, "trainer.max_steps.x": 1}, {}, "test")
+
+
 def test_unknown_sweep_lists_the_known_ones():
     with pytest.raises(SweepError, match=r"no sweep named 'table9'.*known sweeps: .*quick"):
         load_sweep("table9")
 
 
-@pytest.mark.parametrize("value", ["/tmp/a-b/c.d", "sqlite:////x y/m.db", "it's", "true", "007", "a,b", "${x}", 0.5, 3, None])
+@pytest.mark.parametrize("value", ["/tmp/a-b/c.d", "sqlite:////x y/m.db", "it's", "true", "007", "a,b", "${x}", "a=b", " x", "f(1)", "[1]", 0.5, 3, None])
 def test_quoted_values_parse_back_to_themselves(value):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_override(f"key={quote(value)}").value()
     assert parsed == value and type(parsed) is type(value)
 
@@ -291,7 +303,8 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     args = __import__("shlex").split(line)
     assert "+sweep_variant=electra,bert" in args and "seed=0" in args
     assert args[-3:-1] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    assert f"logger.tracking_uri='sqlite:///{tmp_path}/outputs/mlflow.db'" in args
+    uri = next(a for a in args if a.startswith("logger.tracking_uri="))  # quoted only where Hydra needs it
+    assert OverridesParser.create().parse_override(uri).value() == f"sqlite:///{tmp_path}/outputs/mlflow.db"
     generated = yaml.safe_load((tmp_path / "outputs/sweeps/table1_small/tiny/conf/sweep_variant/bert.yaml").read_text())
     assert generated["defaults"] == [{"override /model": "tiny"}, {"override /data": "wiki_sample"}, {"override /objective": "bert"}]
     assert generated["trainer"] == {"max_steps": 2624, "export_fractions": [0.0625, 0.125, 0.25, 0.5]}
@@ -450,3 +463,28 @@ def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cach
     out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib").stdout
     assert "pretrain: 0 job(s) launched" in out and "finetune: 0 job(s) launched" in out
     assert len(kinds(uri, "minijob")["pretrain"]) == 4
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every electra_ablate module a file imports, at top level or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("electra_ablate.")}
+
+
+def test_sweep_and_report_import_each_other_one_way():
+    """The runner calls the report; the report finds runs through the sweep's spec and plan, never the runner."""
+    modules = {f"electra_ablate.{p.parent.name}.{p.stem}": p
+               for p in sorted((REPO / "electra_ablate").glob("*/*.py")) if p.parent.name in ("sweep", "report")}
+    graph = {m: imports_of(p) & set(modules) for m, p in modules.items()}
+
+    def reaches(start: str, goal: str, seen: set) -> bool:
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in graph[start])
+
+    assert "electra_ablate.report.build" in graph["electra_ablate.sweep.run"]
+    assert [m for m in graph if reaches(m, m, set())] == []
+    assert not any(reaches(m, "electra_ablate.sweep.run", set()) for m in graph if m.startswith("electra_ablate.report"))
