@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from electra_ablate.report import build as report
-from electra_ablate.sweep.compose import SweepContext, make_context
+from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
@@ -44,12 +44,12 @@ HALF = {"electra": {"rte": [58.0, 59.0, 57.0], "mrpc": [70.0, 71.0, 72.0]},
         "bert": {"rte": [50.0, 52.0, 51.0], "mrpc": [69.0, 69.5, 70.0]}}
 
 
-def make_context(tmp_path: Path, data_dir: Path) -> SweepContext:
+def make_context(tmp_path: Path, data_dir: Path) -> compose.SweepContext:
     path = tmp_path / "mini.yaml"
     path.write_text(SWEEP_FILE)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "outputs" / "cache")}
-    return make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def start(client, tags, params=None) -> tracking.RunLogger:

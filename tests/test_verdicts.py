@@ -16,7 +16,7 @@ from electra_ablate import finetune
 from electra_ablate.report import expected_max
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import build as report
-from electra_ablate.sweep.compose import SweepContext, make_context
+from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
@@ -40,12 +40,12 @@ ACCURACY = {"electra": 0.85, "bert": 0.70, "scratch": 0.52}
 N = 300
 
 
-def make_context(tmp_path: Path, data_dir: Path, text: str = SWEEP_FILE) -> SweepContext:
+def make_context(tmp_path: Path, data_dir: Path, text: str = SWEEP_FILE) -> compose.SweepContext:
     path = tmp_path / "claims_mini.yaml"
     path.write_text(text)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "outputs" / "cache")}
-    return make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task: str, seed: int, rng,
