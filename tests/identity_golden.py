@@ -4,6 +4,7 @@ that for a change that is meant to alter identities, and ship a migration with i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ from omegaconf import OmegaConf
 
 from electra_ablate import finetune
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.sweep import runner as S
+from electra_ablate.sweep.compose import FINETUNE_GROUP, compose_session, make_context
+from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"
@@ -29,20 +31,20 @@ def current_identities(tmp: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
         for scale in scales_of(path):
-            ctx = S.make_context(path, scale, PATHS, "sqlite:////golden/mlflow.db")
-            ctx = S.dataclasses.replace(ctx, workdir=tmp / path.stem / str(scale))
-            with S.compose_session():
+            ctx = make_context(path, scale, PATHS, "sqlite:////golden/mlflow.db")
+            ctx = dataclasses.replace(ctx, workdir=tmp / path.stem / str(scale))
+            with compose_session():
                 ctx.write_pretrain_configs()
                 for v in ctx.spec.pretrained_variants:
-                    cfg = ctx.compose_pretrain(S.PretrainJob(v.label, ctx.spec.pretrain_seeds[0]))
+                    cfg = ctx.compose_pretrain(PretrainJob(v.label, ctx.spec.pretrain_seeds[0]))
                     out[f"{path.stem}/{scale}/{v.label}/pretrain"] = tracking.config_hash(cfg)
                 for v in ctx.spec.variants:
-                    ckpt = (S.Checkpoint(v.label, None, None, None, True, None) if v.pretrained
-                            else S.Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,
-                                              random_init=v.random_init_of is not None))
+                    ckpt = (Checkpoint(v.label, None, None, None, True, None) if v.pretrained
+                            else Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,
+                                            random_init=v.random_init_of is not None))
                     ctx.write_finetune_config(ckpt)
                     task = ctx.spec.tasks[0]
-                    cfg = ctx.compose_finetune([ctx.searchpath, f"+{S.FINETUNE_GROUP}={ckpt.config_name}",
+                    cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}",
                                                 f"task={task}", "seed=0"])
                     (name, task_cfg), = [t for t in finetune.selected_tasks(cfg)]
                     spec = finetune.normalise_spec(cfg.pretrained)

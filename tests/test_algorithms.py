@@ -20,13 +20,14 @@ import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
-from electra_ablate.models import flops
-from electra_ablate.sweep import runner as sweep
 from electra_ablate.algorithms.adversarial import baseline_loss, reinforce_loss
 from electra_ablate.algorithms.two_stage import TwoStage
-from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.models import flops
+from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.objectives.electra import Electra
+from electra_ablate.sweep.compose import make_context
+from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.training import checks
 from electra_ablate.weighting.learned import LearnedWeights
 
@@ -150,10 +151,10 @@ def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg, stop
 def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tmp_path, data_dir):
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
-    ctx = sweep.make_context("training_algorithms", scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    ctx = make_context("training_algorithms", scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
     algorithms = set()
     for v in ctx.spec.variants:
-        cfg = ctx.compose_pretrain(sweep.PretrainJob(v.label, 0))
+        cfg = ctx.compose_pretrain(PretrainJob(v.label, 0))
         checks.validate(cfg)  # raises ConfigError naming the fix
         algorithms.add(cfg.algorithm.name)
     assert algorithms == {"joint", "two_stage", "adversarial"}

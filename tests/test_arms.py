@@ -9,7 +9,9 @@ from types import SimpleNamespace as NS
 from electra_ablate.report import arms
 from electra_ablate.report import multibootstrap as mb
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.sweep.runner import PretrainJob, PretrainState, Variant
+from electra_ablate.sweep.jobs import PretrainJob
+from electra_ablate.sweep.plan import PretrainState
+from electra_ablate.sweep.spec import Variant
 from electra_ablate.report.verdicts import Claim, Verdict
 
 SHAPE = {"model.embedding_size": "64", "model.hidden_size": "128", "model.num_hidden_layers": "4",

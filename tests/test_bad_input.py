@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from electra_ablate import export, finetune, pretrain
 from electra_ablate.common import cli
 from electra_ablate.glue import tasks as glue
-from electra_ablate.sweep import runner as sweep
+from electra_ablate.sweep.compose import make_context, validate
+from electra_ablate.sweep.spec import SweepError
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.data.errors import DataError
@@ -291,7 +292,7 @@ def test_sweep_files(tmp_path, data_dir, body, message):
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
     with pytest.raises(Exception, match=message) as error:
-        sweep.validate(sweep.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db"))
+        validate(make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db"))
     assert type(error.value).__name__ in ("SweepError", "ConfigError", "ConfigCompositionException", "MissingConfigException")
     assert not (tmp_path / "mlflow.db").exists()
 
@@ -306,8 +307,8 @@ REPORT_INPUTS = {
 @pytest.mark.parametrize("name, scale, message", REPORT_INPUTS.values(), ids=REPORT_INPUTS.keys())
 def test_report_inputs(tmp_path, name, scale, message):
     paths = {"root_dir": str(tmp_path), "data_dir": str(tmp_path), "output_root": str(tmp_path), "cache_dir": str(tmp_path)}
-    with pytest.raises(sweep.SweepError, match=message):
-        sweep.make_context(name, scale, paths, f"sqlite:///{tmp_path}/mlflow.db")  # what the report's main does first
+    with pytest.raises(SweepError, match=message):
+        make_context(name, scale, paths, f"sqlite:///{tmp_path}/mlflow.db")  # what the report's main does first
 
 
 # --- export --------------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from electra_ablate.report.collect import collect
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import UNRECORDED, vocabularies, vocabulary_warning
 from electra_ablate.report.stats import bootstrap_difference, learning_curve, summarize
-from electra_ablate.sweep import runner as sweep
+from electra_ablate.sweep import compose
+from electra_ablate.sweep.jobs import PretrainJob
+from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
 
 SWEEP_FILE = """
@@ -46,12 +48,12 @@ HALF = {"electra": {"rte": [58.0, 59.0, 57.0], "mrpc": [70.0, 71.0, 72.0]},
         "bert": {"rte": [50.0, 52.0, 51.0], "mrpc": [69.0, 69.5, 70.0]}}
 
 
-def make_context(tmp_path: Path, data_dir: Path) -> sweep.SweepContext:
+def make_context(tmp_path: Path, data_dir: Path) -> compose.SweepContext:
     path = tmp_path / "mini.yaml"
     path.write_text(SWEEP_FILE)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "outputs" / "cache")}
-    return sweep.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def start(client, tags, params=None) -> tracking.RunLogger:
@@ -60,7 +62,7 @@ def start(client, tags, params=None) -> tracking.RunLogger:
 
 
 def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0, vocab: str | None = None) -> str:
-    cfg_hash = tracking.config_hash(ctx.compose_pretrain(sweep.PretrainJob(variant, seed)))
+    cfg_hash = tracking.config_hash(ctx.compose_pretrain(PretrainJob(variant, seed)))
     tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "mini", "seed": seed,
             "objective": variant, "generator": "neural", "generator_hidden_size": 0.25, "disc_hidden_size": 128,
             "git_commit": "abc123", "checkpoints": json.dumps({"50": "/ckpt/step_50", "100": "/ckpt/final"})}
@@ -205,7 +207,7 @@ def test_paper_numbers_come_from_the_data_file():
     for section in paper.values():
         assert section["source"] and isinstance(section["rows"], dict)
     # The released-models sweep's rows resolve, and a README row's GLUE is the mean of its task numbers.
-    spec = sweep.load_sweep("released_models")
+    spec = load_sweep("released_models")
     for v in spec.variants:
         row, source = paper_row(spec, v.label)
         assert row is not None and "README" in source

@@ -5,6 +5,7 @@ two jobs on one GPU (tested with fake GPUs), and a miniature sweep runs end to e
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -14,12 +15,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import get_class
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from electra_ablate.models import flops
-from electra_ablate.sweep import runner as sweep
 from electra_ablate.models.encoder import EncoderConfig
+from electra_ablate.sweep.compose import SweepContext, config_text, fresh_hydra, make_context, quote, validate
+from electra_ablate.sweep.gpus import GpuSlot, _ALL_GPUS_ENV, gpu_candidates, visible_gpus
+from electra_ablate.sweep.jobs import PretrainJob
+from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
+from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
@@ -30,10 +37,10 @@ def scales_of(name: str) -> list[str | None]:
     return list(yaml.safe_load((REPO / "sweeps" / f"{name}.yaml").read_text()).get("scales") or [None])
 
 
-def context(name, scale, tmp_path: Path, data_dir: Path) -> sweep.SweepContext:
+def context(name, scale, tmp_path: Path, data_dir: Path) -> SweepContext:
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
-    return sweep.make_context(name, scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    return make_context(name, scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
 
 
 ALL = [(name, scale) for name in SWEEP_FILES for scale in scales_of(name)]
@@ -42,7 +49,7 @@ ALL = [(name, scale) for name in SWEEP_FILES for scale in scales_of(name)]
 @pytest.mark.parametrize("name, scale", ALL, ids=[f"{n}-{s}" for n, s in ALL])
 def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_dir):
     ctx = context(name, scale, tmp_path, data_dir)
-    composed = sweep.validate(ctx)
+    composed = validate(ctx)
     assert sorted(composed) == sorted(v.label for v in ctx.spec.pretrained_variants)
     for v in ctx.spec.pretrained_variants:
         cfg = composed[v.label]
@@ -75,7 +82,7 @@ def budget(cfg) -> float:
 @pytest.mark.parametrize("scale", scales_of("training_algorithms"))
 def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
     ctx = context("training_algorithms", scale, tmp_path, data_dir)
-    cfgs = {v.label: ctx.compose_pretrain(sweep.PretrainJob(v.label, 0)) for v in ctx.spec.variants}
+    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.variants}
     assert {c.algorithm.name for c in cfgs.values()} == {"joint", "two_stage", "adversarial"}
     budgets = {k: budget(c) for k, c in cfgs.items()}
     for k, b in budgets.items():
@@ -85,7 +92,7 @@ def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
 @pytest.mark.parametrize("scale", scales_of("table1_small"))
 def test_table1_bert_gets_equal_compute(scale, tmp_path, data_dir):
     ctx = context("table1_small", scale, tmp_path, data_dir)
-    electra, bert = (ctx.compose_pretrain(sweep.PretrainJob(v, 0)) for v in ("electra", "bert"))
+    electra, bert = (ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("electra", "bert"))
     assert budget(bert) == pytest.approx(budget(electra), rel=0.10)  # equal compute, as Table 1 compares them
     if scale == "small":
         assert (electra.trainer.max_steps, bert.trainer.max_steps) == (1_000_000, 1_450_000)  # paper Table 6
@@ -97,7 +104,7 @@ EVIDENCE = [("cpu_evidence", scale) for scale in scales_of("cpu_evidence")] + [(
 @pytest.mark.parametrize("name, scale", EVIDENCE, ids=[f"{n}-{s}" for n, s in EVIDENCE])
 def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_path, data_dir):
     ctx = context(name, scale, tmp_path, data_dir)
-    electra, bert = (ctx.compose_pretrain(sweep.PretrainJob(v, 0)) for v in ("electra", "bert"))
+    electra, bert = (ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("electra", "bert"))
     assert budget(bert) == pytest.approx(budget(electra), rel=0.01)  # the paper's FLOPs accounting
     assert encoder(bert) == encoder(electra) and electra.data == bert.data  # same shape, vocabulary and data
     assert bert.trainer.max_steps > electra.trainer.max_steps
@@ -107,19 +114,19 @@ def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_
 
 def test_scales_change_what_they_say(tmp_path, data_dir):
     base = context("table5_efficiency", "base", tmp_path, data_dir)
-    cfg = base.compose_pretrain(sweep.PretrainJob("bert", 0))
+    cfg = base.compose_pretrain(PretrainJob("bert", 0))
     assert (cfg.model.name, cfg.objective.name, cfg.data.max_seq_length, cfg.trainer.max_steps) == ("base", "bert", 512, 1_000_000)
-    assert base.compose_pretrain(sweep.PretrainJob("electra_15", 0)).trainer.max_steps == 766_000
+    assert base.compose_pretrain(PretrainJob("electra_15", 0)).trainer.max_steps == 766_000
     gen = context("generator_size", "tiny", tmp_path, data_dir).spec
     assert len(gen.variants) == 12 and gen.variant("d64-g1_4").axes == {"discriminator": "d64", "generator": "g1_4"}
-    cfg = context("generator_size", "tiny", tmp_path, data_dir).compose_pretrain(sweep.PretrainJob("d64-unigram", 0))
+    cfg = context("generator_size", "tiny", tmp_path, data_dir).compose_pretrain(PretrainJob("d64-unigram", 0))
     assert cfg.model.hidden_size == 64 and cfg.generator._target_.endswith("UnigramGenerator")
-    quick = sweep.load_sweep("quick")
+    quick = load_sweep("quick")
     assert set(quick.tasks) <= {"cola", "sst2", "mrpc", "stsb", "rte"}  # local GLUE data only
     assert len(quick.seeds) == 3 and quick.paper == "table5_efficiency"
-    evidence = sweep.load_sweep("cpu_evidence")
+    evidence = load_sweep("cpu_evidence")
     assert len(evidence.pretrain_seeds) >= 3 and len(evidence.seeds) >= 5
-    small = sweep.load_sweep("cpu_evidence", "small")
+    small = load_sweep("cpu_evidence", "small")
     assert small.variant("electra").pretrain["model"] == "small" and len(small.seeds) == 10
 
 
@@ -147,8 +154,8 @@ def test_bad_sweep_files_fail_with_one_clear_message(case, tmp_path):
     text, message = BAD[case]
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    with pytest.raises(sweep.SweepError, match=message):
-        sweep.load_sweep(path)
+    with pytest.raises(SweepError, match=message):
+        load_sweep(path)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -159,19 +166,28 @@ def test_misspelt_keys_and_options_fail_before_any_job(override, message, tmp_pa
     path = tmp_path / "typo.yaml"
     path.write_text(f"tasks: [rte]\nvariants:\n  a: {{{override}}}\n")
     with pytest.raises(Exception, match=message):
-        sweep.validate(context(path, None, tmp_path, data_dir))
+        validate(context(path, None, tmp_path, data_dir))
+
+
+def test_generated_configs_nest_dotted_keys_and_refuse_a_key_below_a_value():
+    text = config_text({"objective": "bert", "trainer.max_steps": 5, "optim.lr": 1e-3, "run_name": "1e-3"},
+                       {"sweep": {"name": "s"}, "trainer": {"export_fractions": [0.5]}}, "test")
+    assert text.startswith("# @package _global_\n# test\n")
+    assert OmegaConf.to_container(OmegaConf.create(text)) == {
+        "defaults": [{"override /objective": "bert"}], "trainer": {"max_steps": 5, "export_fractions": [0.5]},
+        "optim": {"lr": 1e-3}, "run_name": "1e-3", "sweep": {"name": "s"}}  # a float-like string stays a string
+    with pytest.raises(SweepError, match=r"override trainer.max_steps.x sets a key below a plain value"):
+        config_text({"trainer.max_steps": 5, "trainer.max_steps.x": 1}, {}, "test")
 
 
 def test_unknown_sweep_lists_the_known_ones():
-    with pytest.raises(sweep.SweepError, match=r"no sweep named 'table9'.*known sweeps: .*quick"):
-        sweep.load_sweep("table9")
+    with pytest.raises(SweepError, match=r"no sweep named 'table9'.*known sweeps: .*quick"):
+        load_sweep("table9")
 
 
-@pytest.mark.parametrize("value", ["/tmp/a-b/c.d", "sqlite:////x y/m.db", "it's", "true", "007", "a,b", "${x}", 0.5, 3, None])
+@pytest.mark.parametrize("value", ["/tmp/a-b/c.d", "sqlite:////x y/m.db", "it's", "true", "007", "a,b", "${x}", "a=b", " x", "f(1)", "[1]", 0.5, 3, None])
 def test_quoted_values_parse_back_to_themselves(value):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_override(f"key={sweep.quote(value)}").value()
+    parsed = OverridesParser.create().parse_override(f"key={quote(value)}").value()
     assert parsed == value and type(parsed) is type(value)
 
 
@@ -180,7 +196,7 @@ def test_recorded_commands_paste_back_into_a_shell():
 
     cmd = [sys.executable, "-m", "electra_ablate.pretrain", "-m", "hydra.searchpath=['file:///tmp/a b/conf']",
            "+sweep_variant=electra,bert", "logger.tracking_uri='sqlite:////tmp/m.db'", "x=$HOME", 'q="x"']
-    assert shlex.split(sweep.shell_join(cmd)) == cmd
+    assert shlex.split(shell_join(cmd)) == cmd
 
 
 # --- launchers and GPU placement ------------------------------------------------------------------------------
@@ -189,18 +205,18 @@ def test_recorded_commands_paste_back_into_a_shell():
 def test_launcher_overrides_are_handed_on():
     given = ["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=4", "hydra.run.dir=/x", "+hydra.callbacks.x._target_=y",
              "hydra.job.chdir=true"]
-    assert sweep.launcher_overrides(given) == ["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=4", "+hydra.callbacks.x._target_=y"]
+    assert launcher_overrides(given) == ["hydra/launcher=joblib_gpu", "hydra.launcher.n_jobs=4", "+hydra.callbacks.x._target_=y"]
 
 
 @pytest.mark.parametrize("preset, check", [
-    ("joblib_gpu", lambda h: h.launcher._target_.endswith("JoblibLauncher") and h.callbacks.gpu_slot._target_ == "electra_ablate.sweep.runner.GpuSlot"),
+    ("joblib_gpu", lambda h: h.launcher._target_.endswith("JoblibLauncher") and h.callbacks.gpu_slot._target_ == "electra_ablate.sweep.gpus.GpuSlot"),
     ("slurm_gpu", lambda h: h.launcher._target_.endswith("SlurmLauncher") and h.launcher.gpus_per_node == 1),
     ("ray_gpu", lambda h: h.launcher.ray.remote.num_gpus == 1),
 ])
 def test_launcher_presets_compose(preset, check):
     from hydra import compose, initialize_config_dir
 
-    with sweep._fresh_hydra(), initialize_config_dir(config_dir=str(sweep.CONF_DIR), version_base="1.3"):
+    with fresh_hydra(), initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("pretrain", overrides=[f"hydra/launcher={preset}", "paths.root_dir=.", "paths.output_dir=."],
                       return_hydra_config=True)
     assert check(cfg.hydra)
@@ -211,31 +227,31 @@ def test_a_launcher_without_its_plugin_fails_before_any_job():
 
     if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is not None:
         pytest.skip("the Ray launcher is installed here")
-    with pytest.raises(sweep.SweepError, match=r"RayLauncher cannot be imported.*pip install"):
-        sweep.check_launcher(["hydra/launcher=ray_gpu"])
+    with pytest.raises(SweepError, match=r"RayLauncher cannot be imported.*pip install"):
+        check_launcher(["hydra/launcher=ray_gpu"])
 
 
 def test_visible_gpus():
-    assert sweep.visible_gpus("0,1, 3", "0\n1\n2\n3\n") == ["0", "1", "3"]  # CUDA_VISIBLE_DEVICES wins
-    assert sweep.visible_gpus(None, "0\n1\n") == ["0", "1"]
-    assert sweep.visible_gpus("", None) == [] and sweep.visible_gpus("-1", None) == []
-    assert sweep.visible_gpus(None, None) == []
+    assert visible_gpus("0,1, 3", "0\n1\n2\n3\n") == ["0", "1", "3"]  # CUDA_VISIBLE_DEVICES wins
+    assert visible_gpus(None, "0\n1\n") == ["0", "1"]
+    assert visible_gpus("", None) == [] and visible_gpus("-1", None) == []
+    assert visible_gpus(None, None) == []
 
 
 def test_gpu_candidates_spread_jobs_and_keep_a_bound_process_on_its_gpu():
     gpus = ["0", "1", "2", "3"]
-    assert [sweep.gpu_candidates(gpus, k, None)[0] for k in range(6)] == ["0", "1", "2", "3", "0", "1"]
-    assert sweep.gpu_candidates(gpus, 2, None) == ["2", "3", "0", "1"]  # any free GPU, own slot first
-    assert sweep.gpu_candidates(gpus, 2, "1") == ["1"]  # CUDA already bound in this worker
-    assert sweep.gpu_candidates([], 5, None) == []
+    assert [gpu_candidates(gpus, k, None)[0] for k in range(6)] == ["0", "1", "2", "3", "0", "1"]
+    assert gpu_candidates(gpus, 2, None) == ["2", "3", "0", "1"]  # any free GPU, own slot first
+    assert gpu_candidates(gpus, 2, "1") == ["1"]  # CUDA already bound in this worker
+    assert gpu_candidates([], 5, None) == []
     with pytest.raises(RuntimeError, match="bound to GPU 7"):
-        sweep.gpu_candidates(gpus, 0, "7")
+        gpu_candidates(gpus, 0, "7")
 
 
 HOLDER = """
 import sys, time, os
 from pathlib import Path
-from electra_ablate.sweep.runner import GpuSlot
+from electra_ablate.sweep.gpus import GpuSlot
 slot = GpuSlot(lock_dir=sys.argv[1], poll_s=0.05, gpus="a,b")
 gpu = slot.acquire(int(sys.argv[2]))
 print(gpu, os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
@@ -270,8 +286,8 @@ def test_gpu_slots_never_share_a_gpu_between_concurrent_jobs(tmp_path):
 
 def test_gpu_slot_does_nothing_without_gpus(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.delenv(sweep._ALL_GPUS_ENV, raising=False)
-    assert sweep.GpuSlot(lock_dir=str(tmp_path)).acquire(0) is None
+    monkeypatch.delenv(_ALL_GPUS_ENV, raising=False)
+    assert GpuSlot(lock_dir=str(tmp_path)).acquire(0) is None
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
@@ -288,7 +304,8 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     args = __import__("shlex").split(line)
     assert "+sweep_variant=electra,bert" in args and "seed=0" in args
     assert args[-3:-1] == ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
-    assert f"logger.tracking_uri='sqlite:///{tmp_path}/outputs/mlflow.db'" in args
+    uri = next(a for a in args if a.startswith("logger.tracking_uri="))  # quoted only where Hydra needs it
+    assert OverridesParser.create().parse_override(uri).value() == f"sqlite:///{tmp_path}/outputs/mlflow.db"
     generated = yaml.safe_load((tmp_path / "outputs/sweeps/table1_small/tiny/conf/sweep_variant/bert.yaml").read_text())
     assert generated["defaults"] == [{"override /model": "tiny"}, {"override /data": "wiki_sample"}, {"override /objective": "bert"}]
     assert generated["trainer"] == {"max_steps": 2624, "export_fractions": [0.0625, 0.125, 0.25, 0.5]}
@@ -297,7 +314,7 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
 
 RUNNER = """
 import sys
-from electra_ablate.sweep.runner import launch
+from electra_ablate.sweep.launch import launch
 child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 launch([sys.executable, "-c", child, sys.argv[1]], dry_run=False)
 """
@@ -447,3 +464,28 @@ def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cach
     out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib").stdout
     assert "pretrain: 0 job(s) launched" in out and "finetune: 0 job(s) launched" in out
     assert len(kinds(uri, "minijob")["pretrain"]) == 4
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every electra_ablate module a file imports, at top level or inside a function."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("electra_ablate.")}
+
+
+def test_sweep_and_report_import_each_other_one_way():
+    """The runner calls the report; the report finds runs through the sweep's spec and plan, never the runner."""
+    modules = {f"electra_ablate.{p.parent.name}.{p.stem}": p
+               for p in sorted((REPO / "electra_ablate").glob("*/*.py")) if p.parent.name in ("sweep", "report")}
+    graph = {m: imports_of(p) & set(modules) for m, p in modules.items()}
+
+    def reaches(start: str, goal: str, seen: set) -> bool:
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in graph[start])
+
+    assert "electra_ablate.report.build" in graph["electra_ablate.sweep.run"]
+    assert [m for m in graph if reaches(m, m, set())] == []
+    assert not any(reaches(m, "electra_ablate.sweep.run", set()) for m in graph if m.startswith("electra_ablate.report"))

@@ -13,17 +13,19 @@ import numpy as np
 import pytest
 
 from electra_ablate import finetune
-from electra_ablate.report import expected_max
 from electra_ablate.glue import features as glue_features
 from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
+from electra_ablate.report import expected_max
+from electra_ablate.report import verdicts
 from electra_ablate.report.build import write_report
 from electra_ablate.report.collect import collect
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.stats import summarize
-from electra_ablate.sweep import runner as sweep
+from electra_ablate.sweep import compose
+from electra_ablate.sweep.jobs import PretrainJob
+from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.report import verdicts
 
 SWEEP_FILE = """
 name: claims_mini
@@ -43,12 +45,12 @@ ACCURACY = {"electra": 0.85, "bert": 0.70, "scratch": 0.52}
 N = 300
 
 
-def make_context(tmp_path: Path, data_dir: Path, text: str = SWEEP_FILE) -> sweep.SweepContext:
+def make_context(tmp_path: Path, data_dir: Path, text: str = SWEEP_FILE) -> compose.SweepContext:
     path = tmp_path / "claims_mini.yaml"
     path.write_text(text)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "outputs" / "cache")}
-    return sweep.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
+    return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
 
 
 def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task: str, seed: int, rng,
@@ -77,7 +79,7 @@ def build_store(tmp: Path, data_dir: Path, with_predictions=lambda variant: True
     client = tracking.setup(ctx.tracking_uri, "claims_mini")
     rng = np.random.default_rng(0)
     for variant, pseed in itertools.product(("electra", "bert"), (0, 1)):
-        cfg_hash = tracking.config_hash(ctx.compose_pretrain(sweep.PretrainJob(variant, pseed)))
+        cfg_hash = tracking.config_hash(ctx.compose_pretrain(PretrainJob(variant, pseed)))
         tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "claims_mini",
                 "seed": pseed, "checkpoints": json.dumps({"100": "/ckpt/final"})}
         run = tracking.RunLogger.start(client, "claims_mini", f"{variant}-s{pseed}", tags, {"trainer.max_steps": "100"})
@@ -148,17 +150,17 @@ def test_unresolved_claims_say_what_would_resolve_them():
 def test_claims_cover_the_paper_sweeps():
     paper = load_paper_results()
     claims = verdicts.load_claims()
-    table5 = verdicts.sweep_claims(sweep.load_sweep("table5_efficiency"), paper)
+    table5 = verdicts.sweep_claims(load_sweep("table5_efficiency"), paper)
     assert len(table5) == len(claims["table5_efficiency"]) == 5
-    sizes = verdicts.sweep_claims(sweep.load_sweep("generator_size", "tiny"), paper)
+    sizes = verdicts.sweep_claims(load_sweep("generator_size", "tiny"), paper)
     best = [c for c in sizes if c.text.startswith("Generators 1/4-1/2")]
     assert sorted(c.text for c in best) == [f"Generators 1/4-1/2 the discriminator's size work best (discriminator={d})"
                                             for d in ("d128", "d64")]
     assert {c.better for c in best} == {("d64-g1_4", "d64-g1_2"), ("d128-g1_4", "d128-g1_2")}
     assert {c.worse for c in best} == {("d64-g1_8", "d64-g3_4", "d64-g1"), ("d128-g1_8", "d128-g3_4", "d128-g1")}
     for name in ("weight_sharing", "training_algorithms", "table1_small", "quick"):
-        assert verdicts.sweep_claims(sweep.load_sweep(name), paper), name
-    assert verdicts.sweep_claims(sweep.load_sweep("released_models"), paper) == []
+        assert verdicts.sweep_claims(load_sweep(name), paper), name
+    assert verdicts.sweep_claims(load_sweep("released_models"), paper) == []
 
 
 def test_a_claim_entry_missing_its_arms_is_refused(tmp_path):

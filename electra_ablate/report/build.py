@@ -28,7 +28,7 @@ from electra_ablate.report.markdown import TASK_NAMES, render
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.provenance import provenance
 from electra_ablate.report.stats import Summary, summarize
-from electra_ablate.sweep.runner import SweepContext, context_from_cfg
+from electra_ablate.sweep.compose import SweepContext, context_from_cfg
 from electra_ablate.tracking import runs as tracking
 
 

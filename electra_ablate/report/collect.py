@@ -12,17 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from electra_ablate.sweep.runner import (
-    random_init_checkpoints,
-    Checkpoint,
-    FinetuneKey,
-    PretrainState,
-    SweepContext,
-    checkpoints_of,
-    finetune_key,
-    key_of,
-    pretrain_states,
-)
+from electra_ablate.sweep.compose import SweepContext
+from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
+from electra_ablate.sweep.plan import PretrainState, checkpoints_of, finetune_key, key_of, pretrain_states, random_init_checkpoints
 from electra_ablate.tracking import runs as tracking
 
 

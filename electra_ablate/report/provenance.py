@@ -13,7 +13,7 @@ import pandas as pd
 
 from electra_ablate.report import arms
 from electra_ablate.report.collect import SweepData, is_missing
-from electra_ablate.sweep.runner import environment
+from electra_ablate.sweep.provenance import environment
 from electra_ablate.tracking import runs as tracking
 
 

@@ -1,6 +1,6 @@
 """`python -m electra_ablate.sweep`."""
 
-from electra_ablate.sweep.runner import cli_main
+from electra_ablate.sweep.run import cli_main
 
 if __name__ == "__main__":
     cli_main()

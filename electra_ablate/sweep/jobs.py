@@ -1,0 +1,49 @@
+"""The units of work of a sweep and the keys that find them again in MLflow: a pre-training job (variant x
+seed), a checkpoint to fine-tune (a pre-training run's step, a `pretrained` model as is, or a random-init encoder
+shaped like a run), and the key of a fine-tuning job (source, step, task, seed)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+class PretrainJob(NamedTuple):
+    variant: str
+    seed: int
+
+
+class Checkpoint(NamedTuple):
+    """One network to fine-tune: a pre-training run's checkpoint at `step`, or a `pretrained` model as is."""
+
+    variant: str
+    pretrain_seed: int | None
+    run_id: str | None  # pre-training run (None for `pretrained` variants)
+    step: int | None
+    final: bool
+    fraction: float | None
+    random_init: bool = False  # the run's architecture and vocabulary with fresh random weights
+
+    @property
+    def config_name(self) -> str:
+        if self.run_id is None:
+            return self.variant
+        return f"{self.variant}-s{self.pretrain_seed}-{'final' if self.final else f'step{self.step}'}"
+
+    @property
+    def source(self) -> str:
+        """The FinetuneKey source of its fine-tuning runs."""
+        if self.run_id is None:
+            return f"variant:{self.variant}"
+        return f"{RANDOM_SOURCE}{self.run_id}" if self.random_init else self.run_id
+
+
+RANDOM_SOURCE = "random:"  # FinetuneKey source prefix of random-init runs shaped like a pre-training run
+
+
+class FinetuneKey(NamedTuple):
+    """What identifies a fine-tuning job within a sweep (its MLflow tags)."""
+
+    source: str  # pre-training run id, or `variant:<label>` for a `pretrained` variant
+    step: str  # pretrained_step tag
+    task: str
+    seed: int
+

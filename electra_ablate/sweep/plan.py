@@ -1,0 +1,145 @@
+"""What of a sweep is done and what is left, read from MLflow (one experiment per sweep, named after it): a
+pre-training job is found by its config hash (tracking.config_hash of the same composed config the job will
+see), a fine-tuning job by (pre-training run, step, task, seed). Both the runner (what to launch) and the report
+(what to show, what failed, what is missing) ask here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from electra_ablate.glue import tasks as glue
+from electra_ablate.sweep.compose import SweepContext, compose_session
+from electra_ablate.sweep.jobs import RANDOM_SOURCE, Checkpoint, FinetuneKey, PretrainJob
+from electra_ablate.sweep.spec import SweepSpec
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.training import pretraining
+
+class PretrainState(NamedTuple):
+    job: PretrainJob
+    config_hash: str
+    run: Any  # the newest FINISHED mlflow Run, or None
+    failed: Any  # the newest unfinished (FAILED / RUNNING / KILLED) run when none finished, or None
+    max_steps: int
+    outputs_missing: bool = False  # FINISHED, but its pre-trained directories are gone: pre-training runs again
+
+    @property
+    def needs_pretraining(self) -> bool:
+        return self.run is None or self.outputs_missing
+
+
+def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
+    ctx.write_pretrain_configs()
+    exp = client.get_experiment_by_name(ctx.experiment)
+    out = []
+    with compose_session():
+        jobs = [(job, ctx.compose_pretrain(job)) for job in ctx.pretrain_jobs()]
+    for job, cfg in jobs:
+        cfg_hash = tracking.config_hash(cfg)
+        runs = [] if exp is None else client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
+            order_by=["attributes.start_time DESC"])
+        # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
+        # Its fine-tuning results stay valid and reported meanwhile.
+        finished = next((r for r in runs if r.info.status == "FINISHED"), None)
+        failed = None if finished is not None or not runs else runs[0]
+        missing = finished is not None and bool(pretraining.missing_outputs(finished))
+        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing))
+    return out
+
+
+def checkpoints_of(state: PretrainState, fractions: Sequence[float]) -> tuple[list[Checkpoint], list[str]]:
+    """The run's checkpoints at `fractions` of its steps, and a message per fraction it did not save."""
+    run = state.run
+    saved = {int(k): v for k, v in json.loads(run.data.tags.get("checkpoints", "{}")).items()}
+    final_step = max(saved) if saved else state.max_steps
+    found, missing = [], []
+    for f in fractions:
+        step = final_step if f == 1.0 else int(round(f * state.max_steps))
+        if step in saved or f == 1.0:
+            found.append(Checkpoint(state.job.variant, state.job.seed, run.info.run_id, step, f == 1.0, f))
+        else:
+            missing.append(f"{state.job.variant} seed {state.job.seed}: no checkpoint at step {step} ({f:g} of {state.max_steps})")
+    return found, missing
+
+
+def finetune_runs(client, experiment: str) -> tuple[dict[FinetuneKey, Any], dict[FinetuneKey, Any]]:
+    """Newest FINISHED fine-tuning run per key, and the newest unfinished one for keys with none finished."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}, {}
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{tracking.TAG_KIND} = 'finetune'",
+                              order_by=["attributes.start_time DESC"], max_results=50000)
+    done: dict[FinetuneKey, Any] = {}
+    failed: dict[FinetuneKey, Any] = {}
+    for r in runs:
+        key = finetune_key(r.data.tags)
+        if key is None:
+            continue
+        if r.info.status == "FINISHED":
+            done.setdefault(key, r)
+        else:
+            failed.setdefault(key, r)
+    return done, {k: v for k, v in failed.items() if k not in done}
+
+
+def finetune_key(tags: Mapping[str, str]) -> FinetuneKey | None:
+    try:
+        seed = int(tags["seed"])
+    except (KeyError, ValueError):
+        return None
+    source = tags.get(tracking.TAG_PRETRAIN_RUN) or "none"
+    if source == "none":
+        source = f"variant:{tags.get(tracking.TAG_VARIANT, '')}"
+    elif tags.get(tracking.TAG_RANDOM_INIT) == "true":
+        source = RANDOM_SOURCE + source
+    return FinetuneKey(source, str(tags.get("pretrained_step", "")), tags.get("task", ""), seed)
+
+
+def key_of(ckpt: Checkpoint, task: str, seed: int) -> FinetuneKey:
+    return FinetuneKey(ckpt.source, "" if ckpt.run_id is None else str(ckpt.step), task, seed)
+
+
+def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> list[Checkpoint]:
+    """The random-init variants' checkpoints: one per final checkpoint of the variant each is shaped like."""
+    return [c._replace(variant=v.label, random_init=True)
+            for v in spec.variants if v.random_init_of is not None
+            for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
+
+
+def matches(done: Mapping[FinetuneKey, Any], key: FinetuneKey) -> Any:
+    """The finished run for `key`; for `pretrained` variants the step is whatever the import reported."""
+    if key.source.startswith("variant:"):
+        return next((r for k, r in done.items() if (k.source, k.task, k.seed) == (key.source, key.task, key.seed)), None)
+    return done.get(key)
+
+
+def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str, int]], list[Checkpoint], list[str]]:
+    """(missing (checkpoint, task, seed) jobs, every checkpoint, messages about checkpoints that are missing)."""
+    checkpoints: list[Checkpoint] = [Checkpoint(v.label, None, None, None, True, None)
+                                     for v in ctx.spec.variants if v.pretrained is not None]
+    notes: list[str] = []
+    for state in pretrain_states(ctx, client):
+        if state.run is None:
+            continue
+        if state.outputs_missing:  # its weights are gone (and pre-training them again failed): nothing to load
+            notes.append(f"{state.job.variant} seed {state.job.seed}: FINISHED run {state.run.info.run_id} has lost "
+                         "its pre-trained directories; its missing fine-tuning jobs wait for pre-training to redo them")
+            continue
+        found, missing = checkpoints_of(state, ctx.spec.checkpoints)
+        checkpoints += found
+        notes += missing
+    checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
+    done, _ = finetune_runs(client, ctx.experiment)
+    todo = [(c, t, s) for c in checkpoints for t in ctx.spec.tasks for s in ctx.spec.seeds
+            if matches(done, key_of(c, t, s)) is None]
+    return todo, checkpoints, notes
+
+
+def available_tasks(ctx: SweepContext) -> list[str] | None:
+    """GLUE tasks with local data when fine-tuning reads TSVs (None = the HF loader, anything goes)."""
+    cfg = ctx.compose_finetune()
+    if cfg.glue_data.source != "tsv":
+        return None
+    return glue.available_tasks(cfg.glue_data.dir)

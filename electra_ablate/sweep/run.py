@@ -1,0 +1,187 @@
+"""Run one paper comparison end to end: `python -m electra_ablate.sweep sweep=quick [scale=small]
+[hydra/launcher=joblib]`.
+
+A sweep file (sweeps/<name>.yaml, read by sweep.spec) lists the variants of one paper table or figure, the
+seeds, the GLUE tasks and a scale knob. The runner does three phases, each an ordinary Hydra multirun so that
+any Hydra launcher places the jobs (basic = one after the other, joblib = in parallel on this machine,
+submitit = SLURM, Ray):
+
+1. pre-train every variant x pre-training seed: `python -m electra_ablate.pretrain -m +sweep_variant=<labels>
+   seed=<seeds>`, each variant a generated config (sweep.compose);
+2. fine-tune every (pre-training run, checkpoint, task, seed): `python -m electra_ablate.finetune -m
+   +sweep_checkpoint=<checkpoints> task=<tasks> seed=<seeds>`, one generated config per checkpoint;
+3. write the report (electra_ablate.report).
+
+Work already done is found in MLflow (sweep.plan) and not launched again; the entry points also skip finished
+work themselves. A failed job ends its MLflow run FAILED and the multirun goes on with the others (Hydra's
+launchers run every job of a batch, then report the first failure); the report lists failed and missing jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from electra_ablate.common import cli
+from electra_ablate.report.build import write_report
+from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
+from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
+from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
+from electra_ablate.sweep.provenance import environment
+from electra_ablate.sweep.spec import REPO_ROOT, SweepError
+from electra_ablate.tracking import runs as tracking
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    jobs: int = 0  # jobs launched (0 = everything was already done)
+    command: list[str] = field(default_factory=list)
+    returncode: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class SweepResult:
+    phases: list[PhaseResult]
+    report: Path | None
+
+
+def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
+    states = pretrain_states(ctx, client)
+    todo = [s.job for s in states if s.needs_pretraining]
+    result = PhaseResult("pretrain", jobs=len(todo))
+    if not todo:
+        log.info("pre-training: all %d jobs already FINISHED", len(states))
+        return result
+    # The multirun is a product; the smallest product covering the missing jobs (finished ones are skipped
+    # by the entry point itself).
+    labels = sorted({j.variant for j in todo}, key=[v.label for v in ctx.spec.variants].index)
+    seeds = sorted({j.seed for j in todo})
+    sweep_dir = ctx.workdir / "multirun" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_pretrain"
+    result.command = multirun_command(
+        "electra_ablate.pretrain", [f"+{PRETRAIN_GROUP}={','.join(labels)}", f"seed={','.join(map(str, seeds))}"],
+        ctx, launcher, ctx.pretrain_overrides, sweep_dir)
+    tic = time.perf_counter()
+    result.returncode = launch(result.command, dry_run)
+    result.seconds = time.perf_counter() - tic
+    if result.returncode:
+        log.warning("pre-training multirun exited with %d: some jobs failed (listed in the report); going on", result.returncode)
+    return result
+
+
+def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
+    todo, _, notes = finetune_plan(ctx, client)
+    for note in notes:
+        log.warning("%s", note)
+    available = available_tasks(ctx)
+    if available is not None:
+        absent = sorted({t for _, t, _ in todo} - set(available))
+        if absent:
+            log.warning("no local GLUE data for %s: those jobs are not launched (listed missing in the report); "
+                        "glue_data.source=hf reads them from the Hugging Face hub", absent)
+            todo = [j for j in todo if j[1] in available]
+    result = PhaseResult("finetune", jobs=len(todo))
+    if not todo:
+        log.info("fine-tuning: nothing left to run")
+        return result
+    ckpts = sorted({c for c, _, _ in todo}, key=lambda c: c.config_name)
+    for c in ckpts:
+        ctx.write_finetune_config(c)
+    tasks = [t for t in ctx.spec.tasks if t in {t for _, t, _ in todo}]
+    seeds = sorted({s for _, _, s in todo})
+    sweep_dir = ctx.workdir / "multirun" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_finetune"
+    result.command = multirun_command(
+        "electra_ablate.finetune",
+        [f"+{FINETUNE_GROUP}={','.join(c.config_name for c in ckpts)}", f"task={','.join(tasks)}",
+         f"seed={','.join(map(str, seeds))}"],
+        ctx, launcher, ctx.finetune_overrides, sweep_dir)
+    tic = time.perf_counter()
+    result.returncode = launch(result.command, dry_run)
+    result.seconds = time.perf_counter() - tic
+    if result.returncode:
+        log.warning("fine-tuning multirun exited with %d: some jobs failed (listed in the report)", result.returncode)
+    return result
+
+
+def run_sweep(
+    ctx: SweepContext,
+    launcher: Sequence[str] = (),
+    phases: Sequence[str] = ("pretrain", "finetune", "report"),
+    report_dir: Path | None = None,
+    dry_run: bool = False,
+    command: str = "",
+) -> SweepResult:
+    """Run the phases; returns what was launched and the report's path. The sweep itself is one MLflow run
+    (kind=sweep) holding its command, launcher, phases, environment and wall time: the report's provenance."""
+    unknown = sorted(set(phases) - {"pretrain", "finetune", "report"})
+    if unknown:
+        raise SweepError(f"unknown phase(s) {unknown}; phases are pretrain, finetune, report")
+    check_launcher(launcher)
+    validate(ctx)
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    env = environment()
+    record = None
+    if not dry_run:
+        record = tracking.RunLogger.start(
+            client, ctx.experiment, f"sweep-{ctx.spec.scale_name}",
+            tags={tracking.TAG_KIND: "sweep", tracking.TAG_SWEEP: ctx.spec.name, "scale": ctx.spec.scale_name,
+                  "command": command or f"python -m electra_ablate.sweep sweep={ctx.spec.name}",
+                  "launcher": " ".join(launcher) or "hydra/launcher=basic", "git_commit": tracking.git_commit(),
+                  **env})
+    results: list[PhaseResult] = []
+    report_path = None
+    tic = time.perf_counter()
+    try:
+        if "pretrain" in phases:
+            results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
+        if "finetune" in phases:
+            results.append(run_finetune_phase(ctx, client, launcher, dry_run))
+        if record is not None:
+            record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
+                                                            "seconds": round(r.seconds, 1),
+                                                            "command": shell_join(r.command)}) for r in results})
+            record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
+        if "report" in phases and not dry_run:
+            report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
+                                       running_sweep_run=record.run_id if record else None,
+                                       running_wall_time=time.perf_counter() - tic)
+    except BaseException:
+        if record is not None:
+            record.finish("FAILED")
+        raise
+    if record is not None:
+        record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
+        record.finish("FINISHED")
+    return SweepResult(results, report_path)
+
+
+@hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
+def main(cfg: DictConfig) -> str | None:
+    ctx = context_from_cfg(cfg)
+    hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]
+    command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
+    result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run), command)
+    for r in result.phases:
+        print(f"{r.name}: {r.jobs} job(s) launched" + (f", exit code {r.returncode}" if r.returncode else "")
+              + (f", {r.seconds:.0f} s" if r.seconds else ""))
+    if result.report:
+        print(f"report: {result.report}")
+    return str(result.report) if result.report else None
+
+
+def cli_main() -> None:
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    cli.check_args("sweep")
+    main()
+

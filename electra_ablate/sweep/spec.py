@@ -1,0 +1,240 @@
+"""The sweep-file grammar: sweeps/<name>.yaml read into a SweepSpec of Variants, with every check that needs no
+config composition (unknown keys, labels, scales, tasks, checkpoints, `random_init_of` targets).
+
+A sweep file lists the variants of one paper table or figure (or `axes` whose product they are), the seeds, the
+GLUE tasks and a scale knob; `scales.<scale>` is an overlay merged over the file. A variant is a bundle of
+overrides: the keys of VARIANT_KEYS say how it is fine-tuned, every other key is a pre-training override
+(`objective: electra` picks a config group option, `trainer.max_steps: 100` sets a value)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = REPO_ROOT / "conf"
+SWEEPS_DIR = REPO_ROOT / "sweeps"
+LABEL = re.compile(r"^[A-Za-z0-9_-]+$")  # labels become file names and Hydra option names
+SCALES = ("tiny", "small", "base", "large")
+TOP_KEYS = {
+    "name": "the sweep's name (= its MLflow experiment); default: the file name",
+    "description": "one line for the report's title",
+    "notes": "a paragraph the report opens with: what the sweep can and cannot show",
+    "script": "the first entry point (electra_ablate.pretrain, or electra_ablate.finetune when every variant names `pretrained`)",
+    "paper": "section of electra_ablate/paper_results.yaml whose rows are this sweep's variant labels",
+    "baseline": "variant the bootstrap differences are taken against",
+    "figures": "extra report figures: generator_size, learning_curves",
+    "default_scale": "scale used when none is given",
+    "scales": "scale name -> overlay merged over this file (usually pretrain/finetune overrides)",
+    "tasks": "GLUE tasks to fine-tune on",
+    "seeds": "fine-tuning seeds (the paper: median of 10)",
+    "pretrain_seeds": "pre-training seeds",
+    "checkpoints": "fractions of trainer.max_steps whose checkpoints are fine-tuned (1.0 = the final one)",
+    "pretrain": "overrides for every pre-training job",
+    "finetune": "overrides for every fine-tuning job",
+    "variants": "label -> overrides of one variant",
+    "axes": "axis -> {option -> overrides}: the variants are the product of the axes",
+}
+VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
+FIGURES = ("generator_size", "learning_curves")
+
+
+class SweepError(ValueError):
+    """A sweep file or a sweep setting that cannot work."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    pretrain: dict[str, Any]  # overrides of the pre-training job (common + scale + variant), key -> value
+    finetune: dict[str, Any]  # overrides of its fine-tuning jobs
+    pretrained: str | None = None  # fine-tune this model as is (no pre-training phase)
+    # The no-pre-training floor: fine-tune randomly initialised encoders with the architecture and vocabulary
+    # of this (pre-trained) variant's checkpoints, one group per pre-training seed, so that the compared arms
+    # differ in their weights only.
+    random_init_of: str | None = None
+    expected_row: str | None = None  # "<section>.<row>" of paper_results.yaml
+    axes: dict[str, str] = field(default_factory=dict)  # axis -> option, for product sweeps
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    path: Path
+    scale: str | None
+    description: str
+    paper: str | None
+    baseline: str | None
+    figures: tuple[str, ...]
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    pretrain_seeds: tuple[int, ...]
+    checkpoints: tuple[float, ...]
+    variants: tuple[Variant, ...]
+    notes: str = ""
+
+    @property
+    def scale_name(self) -> str:
+        return self.scale or "default"
+
+    def variant(self, label: str) -> Variant:
+        for v in self.variants:
+            if v.label == label:
+                return v
+        raise SweepError(f"sweep {self.name} has no variant {label!r}; it has {[v.label for v in self.variants]}")
+
+    @property
+    def pretrained_variants(self) -> tuple[Variant, ...]:
+        """The variants with a pre-training phase."""
+        return tuple(v for v in self.variants if v.pretrained is None and v.random_init_of is None)
+
+
+def sweep_path(name: str | Path) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise SweepError(f"sweep file {path} not found")
+        return path
+    path = SWEEPS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+        raise SweepError(f"no sweep named {name!r} (no {path}); known sweeps: {', '.join(known)}")
+    return path
+
+
+def _merge(base: Mapping, overlay: Mapping) -> dict:
+    """Recursive dict merge; the overlay wins. Lists and scalars are replaced, not merged."""
+    out = dict(base)
+    for k, v in overlay.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def _int_list(raw, where: str) -> tuple[int, ...]:
+    values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise SweepError(f"{where} must be a non-empty list of integers, got {raw!r}")
+    return tuple(values)
+
+
+def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
+    """Read sweeps/<name>.yaml (or a path) at `scale`, with every check that needs no config composition."""
+    path = sweep_path(name)
+    where = f"sweep file {path}"
+    try:  # OmegaConf's YAML reading, as Hydra's: 5e-4 is a float (plain YAML 1.1 would read a string)
+        raw = OmegaConf.to_container(OmegaConf.create(path.read_text() or "{}"))
+    except Exception as e:  # noqa: BLE001 - any parse error becomes one message naming the file
+        raise SweepError(f"{where} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise SweepError(f"{where} must be a mapping of keys ({', '.join(TOP_KEYS)})")
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise SweepError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(TOP_KEYS)}")
+    scales = raw.pop("scales", None) or {}
+    scale = scale or raw.get("default_scale")
+    if scales:
+        if scale not in scales:
+            raise SweepError(f"{where}: scale={scale!r} is not one of its scales {sorted(scales)} (pass scale=<one of them>)")
+        bad = sorted(set(scales[scale] or {}) - set(TOP_KEYS) - {"axes"})
+        if bad:
+            raise SweepError(f"{where}: scales.{scale} has unknown key(s) {bad}")
+        extra_variants = sorted(set((scales[scale] or {}).get("variants") or {}) - set(raw.get("variants") or {}))
+        if extra_variants:
+            raise SweepError(f"{where}: scales.{scale}.variants names {extra_variants}, which are not variants of the sweep")
+        raw = _merge(raw, scales[scale] or {})
+    elif scale is not None:
+        raise SweepError(f"{where} has no `scales`, so scale={scale!r} means nothing; leave scale unset")
+
+    name_ = str(raw.get("name") or path.stem)
+    if "variants" in raw and "axes" in raw:
+        raise SweepError(f"{where}: give `variants` or `axes` (their product), not both")
+    variants = _variants(raw, where)
+    labels = [v.label for v in variants]
+    if len(set(labels)) != len(labels):
+        raise SweepError(f"{where}: duplicate variant labels {labels}")
+    baseline = raw.get("baseline")
+    if baseline is not None and baseline not in labels:
+        raise SweepError(f"{where}: baseline {baseline!r} is not a variant; variants: {labels}")
+    figures = tuple(raw.get("figures") or ())
+    if set(figures) - set(FIGURES):
+        raise SweepError(f"{where}: unknown figure(s) {sorted(set(figures) - set(FIGURES))}; known: {FIGURES}")
+    checkpoints = tuple(float(f) for f in raw.get("checkpoints") or [1.0])
+    if any(not 0 < f <= 1 for f in checkpoints) or 1.0 not in checkpoints:
+        raise SweepError(f"{where}: checkpoints={list(checkpoints)} must be fractions in (0, 1] and include 1.0 (the final one)")
+    tasks = tuple(raw.get("tasks") or ())
+    known_tasks = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml") if p.stem != "glue")
+    if not tasks or set(tasks) - set(known_tasks):
+        raise SweepError(f"{where}: tasks={list(tasks)} must be a non-empty list of {known_tasks}")
+    script = raw.get("script")
+    if script not in (None, "electra_ablate.pretrain", "electra_ablate.finetune"):
+        raise SweepError(f"{where}: script={script!r}; expected electra_ablate.pretrain or electra_ablate.finetune")
+    if script == "electra_ablate.finetune" and any(v.pretrained is None for v in variants):
+        raise SweepError(f"{where}: script=electra_ablate.finetune needs `pretrained` on every variant")
+    return SweepSpec(
+        name=name_,
+        path=path,
+        scale=scale if scales else None,
+        description=str(raw.get("description") or name_),
+        notes=" ".join(str(raw.get("notes") or "").split()),
+        paper=raw.get("paper"),
+        baseline=baseline,
+        figures=figures,
+        tasks=tasks,
+        seeds=_int_list(raw.get("seeds", [0]), f"{where}: seeds"),
+        pretrain_seeds=_int_list(raw.get("pretrain_seeds", [0]), f"{where}: pretrain_seeds"),
+        checkpoints=tuple(sorted(checkpoints)),
+        variants=tuple(variants),
+    )
+
+
+def _variants(raw: dict, where: str) -> list[Variant]:
+    common_pre = dict(raw.get("pretrain") or {})
+    common_ft = dict(raw.get("finetune") or {})
+    if "axes" in raw:
+        axes = raw["axes"] or {}
+        empty = [a for a, options in axes.items() if not options]
+        if not axes or empty:
+            raise SweepError(f"{where}: axes {empty or '{}'} have no options at this scale")
+        entries = []
+        for combo in product(*[list(options.items()) for options in axes.values()]):
+            merged: dict = {}
+            for _, options in combo:
+                merged = _merge(merged, options or {})
+            label = "-".join(str(name) for name, _ in combo)
+            entries.append((label, merged, {axis: str(name) for axis, (name, _) in zip(axes, combo)}))
+    elif raw.get("variants"):
+        entries = [(str(label), body or {}, {}) for label, body in raw["variants"].items()]
+    else:
+        raise SweepError(f"{where}: no `variants` (or `axes`) given")
+    out = []
+    for label, body, axes_of in entries:
+        if not LABEL.match(label):
+            raise SweepError(f"{where}: variant label {label!r} may only use letters, digits, '_' and '-'")
+        body = dict(body)
+        pretrained = body.pop("pretrained", None)
+        random_init_of = body.pop("random_init_of", None)
+        expected_row = body.pop("expected_row", None)
+        finetune = _merge(common_ft, body.pop("finetune", None) or {})
+        if pretrained is not None and random_init_of is not None:
+            raise SweepError(f"{where}: variant {label} gives both `pretrained` and `random_init_of`; keep one")
+        if (pretrained is not None or random_init_of is not None) and body:
+            what = f"pretrained={pretrained} as is" if pretrained is not None else f"random encoders shaped like {random_init_of}"
+            raise SweepError(f"{where}: variant {label} fine-tunes {what}, so its pre-training overrides {sorted(body)} would be ignored")
+        pretrain = {} if pretrained is not None or random_init_of is not None else _merge(common_pre, body)
+        out.append(Variant(label, pretrain, finetune, pretrained=pretrained, expected_row=expected_row, axes=axes_of,
+                           random_init_of=random_init_of))
+    labels = {label for label, _, _ in entries}
+    for v in out:
+        if v.random_init_of is None:
+            continue
+        ref = next((r for r in out if r.label == v.random_init_of), None)
+        if ref is None or ref.pretrained is not None or ref.random_init_of is not None:
+            raise SweepError(f"{where}: variant {v.label} has random_init_of={v.random_init_of!r}, which must name a "
+                             f"pre-trained variant of the sweep; variants: {sorted(labels)}")
+    return out
