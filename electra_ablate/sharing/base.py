@@ -2,7 +2,8 @@
 
 A sharing mode is a small class chosen by `_target_` in conf/sharing/<name>.yaml. It says, before anything is
 built, whether a config can work (`config_problems`), and then ties a built generator to the discriminator
-(`tie`). The rest of the system asks it only these and `shares_weights`; it never compares a mode's name.
+(`tie`), and turns the trained networks into the ones pre-training saves (`exported`). The rest of the system
+asks it only these and `shares_weights`; it never compares a mode's name.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import ClassVar
 
 from omegaconf import DictConfig
 
-from electra_ablate.models.encoder import ElectraForPretraining
+from electra_ablate.models.encoder import ElectraForPretraining, Networks
 
 
 class SharingMode:
@@ -31,3 +32,8 @@ class SharingMode:
     def tie(self, generator: ElectraForPretraining, model: ElectraForPretraining) -> None:
         """Make the built `generator` use the `model`'s (the discriminator's) parameters."""
         raise NotImplementedError
+
+    def exported(self, nets: Networks) -> Networks:
+        """The networks pre-training saves, from the trained ones: plain ELECTRA networks that models/checkpoint.py,
+        fine-tuning and the transformers export read. Modes whose tying leaves plain networks return them as is."""
+        return nets

@@ -19,6 +19,7 @@ from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
+from electra_ablate.sharing.base import SharingMode
 from electra_ablate.training.checks import MODEL_KEYS
 
 
@@ -47,8 +48,14 @@ def discriminator_config(cfg: DictConfig, vocab_size: int, pad_token_id: int) ->
     return EncoderConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **{k: cfg.model[k] for k in MODEL_KEYS})
 
 
-def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds):
-    """(discriminator or MLM model, generator or None, objective) for `cfg`, ready to train."""
+def sharing_mode(cfg: DictConfig) -> SharingMode:
+    """The `sharing` group's mode: ties the networks (`build_networks`) and says what pre-training saves."""
+    return instantiate(cfg.sharing)
+
+
+def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds, sharing: SharingMode | None = None):
+    """(discriminator or MLM model, generator or None, objective) for `cfg`, ready to train; a neural generator
+    is tied to the discriminator by `sharing` (built from `cfg` when not given)."""
     disc_cfg = discriminator_config(cfg, dm.vocab_size, special.pad)
     extra = {}
     if get_class(cfg.objective._target_).weighted:
@@ -61,7 +68,7 @@ def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds)
     if objective.needs_generator:
         generator = instantiate(cfg.generator, disc_cfg, token_counts=torch.as_tensor(dm.token_counts), special=special)
         if generator.neural:
-            instantiate(cfg.sharing).tie(generator, model)
+            (sharing or sharing_mode(cfg)).tie(generator, model)
     fast.apply_runtime(cfg.runtime, model, generator)  # speed only: fast dropout masks, torch.compile
     return model, generator, objective
 

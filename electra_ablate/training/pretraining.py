@@ -135,14 +135,15 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     dm = build.data_module(cfg)
     dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
     special = dm.special
-    model, generator, objective = build.build_networks(cfg, dm, special)
+    sharing = build.sharing_mode(cfg)
+    model, generator, objective = build.build_networks(cfg, dm, special, sharing)
     system = build.system(cfg, model, generator, objective)
     system.seed = cfg.seed
 
     exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
 
     def save(step: int, name: str | None = None) -> Path:
-        nets = system.exported_networks()
+        nets = sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
         path = save_pretrained(
             store / "pretrained" / (name or f"step_{step}"),
             nets.model,
