@@ -27,7 +27,7 @@ from pathlib import Path
 SEED = 1234
 NUM_DOCS = 600
 VOCAB_SIZE = 2200  # >= 2100: tests/test_hf.py keeps the first 2100 lines, as it did of BERT's vocabulary
-GLUE_ROWS = {"train": 64, "dev": 32}
+GLUE_ROWS = {"train": 128, "dev": 64}  # the largest max_train_examples / max_eval_examples tests use
 GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "RTE")
 
 SYLLABLES = ("ka lo mi ren tor vas el an dur fi gal hen is jor kel mar nor ost pel quin ra sol tan ul vek "

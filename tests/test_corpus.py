@@ -24,16 +24,14 @@ from electra_ablate.data import wordpiece_shards as W
 from electra_ablate.data.pretraining import DataError, build_or_load
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
+DATA = Path(os.environ["ELECTRA_ABLATE_DATA"])  # conftest: the tiny hermetic data folder
 CORPUS = DATA / "corpus" / "enwiki_sample_5mb.txt"
 VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
 SMALL_SHARDS = 12_000  # characters: a few dozen documents per shard, so these corpora have several shards
 
-pytestmark = pytest.mark.usefixtures("data_dir")
-
 
 def documents(n: int, skip: int = 0) -> list[list[str]]:
-    """Documents `skip` .. `skip + n` of the Wikipedia sample, each a list of its lines."""
+    """Documents `skip` .. `skip + n` of the sample corpus, each a list of its lines."""
     docs, doc = [], []
     with open(CORPUS, encoding="utf-8") as f:
         for line in f:
