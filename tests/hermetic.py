@@ -35,6 +35,8 @@ SYLLABLES = ("ka lo mi ren tor vas el an dur fi gal hen is jor kel mar nor ost p
 # Words a test names by value (test_hf encodes "the world was") are among them.
 FUNCTION_WORDS = ("the of and in to a was is for on as by with from at that it his her their which world "
                   "were had has after first new two also one its into city state war team film").split()
+# Words tests encode by value that the corpus need not hold (test_glue's "The cat sat.").
+NAMED_WORDS = "cat sat dog ran hello".split()
 POSITIVE, NEGATIVE = ("good", "bright", "warm", "fine"), ("bad", "dark", "cold", "poor")
 PUNCTUATION = ".,;:()'\"-!?"
 
@@ -86,7 +88,7 @@ def vocab_tokens(size: int = VOCAB_SIZE, seed: int = SEED) -> list[str]:
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     chars = list(PUNCTUATION + string.digits + string.ascii_lowercase)
     tokens += chars + [f"##{c}" for c in string.digits + string.ascii_lowercase]
-    tokens += [*FUNCTION_WORDS, *POSITIVE, *NEGATIVE, *SYLLABLES, *(f"##{s}" for s in SYLLABLES)]
+    tokens += [*FUNCTION_WORDS, *POSITIVE, *NEGATIVE, *NAMED_WORDS, *SYLLABLES, *(f"##{s}" for s in SYLLABLES)]
     tokens = list(dict.fromkeys(tokens))  # "a" is a character and a word: one line each
     seen = set(tokens)
     for word in lexicon(random.Random(seed)):

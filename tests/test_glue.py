@@ -106,10 +106,11 @@ def test_double_unordered_appends_swapped_pairs():
 REAL_COUNTS = {"cola": (8551, 1043), "sst2": (67349, 872), "mrpc": (3668, 408), "stsb": (5749, 1500), "rte": (2490, 277)}
 
 
+@pytest.mark.realdata
 @pytest.mark.parametrize("task", sorted(REAL_COUNTS))
-def test_real_row_counts(task, data_dir):
+def test_real_row_counts(task, real_data_dir):
     spec = glue.TASKS[task]
-    train, dev = (glue.read_tsv(spec, data_dir / "glue", s) for s in ("train", "dev"))
+    train, dev = (glue.read_tsv(spec, real_data_dir / "glue", s) for s in ("train", "dev"))
     assert (len(train), len(dev)) == REAL_COUNTS[task]
     if spec.is_regression:
         assert min(e.label for e in train) == 0.0 and max(e.label for e in train) == 5.0
@@ -117,8 +118,9 @@ def test_real_row_counts(task, data_dir):
         assert {e.label for e in train} == set(range(spec.num_labels))
 
 
-def test_available_tasks_on_the_real_data(data_dir):
-    assert glue.available_tasks(data_dir / "glue") == ["cola", "sst2", "mrpc", "stsb", "rte"]
+@pytest.mark.realdata
+def test_available_tasks_on_the_real_data(real_data_dir):
+    assert glue.available_tasks(real_data_dir / "glue") == ["cola", "sst2", "mrpc", "stsb", "rte"]
 
 
 # --- the Hugging Face source ----------------------------------------------------------------------------
@@ -277,7 +279,7 @@ def test_pair_features_follow_bert_layout(tokenizer):
 def test_truncation_matches_the_reference_truncate_seq_pair(tokenizer, data_dir):
     """Reference _truncate_seq_pair: drop the last token of the longer sentence (b on ties) until it fits."""
     examples = glue.read_tsv(glue.TASKS["rte"], data_dir / "glue", "train")[:600]
-    max_len = 64
+    max_len = 32  # the tiny data's pairs are short: most, not all, need truncating at 32
     f = glue.featurize(examples, tokenizer, max_len, regression=False)
     tokenizer.no_truncation()
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
@@ -289,7 +291,7 @@ def test_truncation_matches_the_reference_truncate_seq_pair(tokenizer, data_dir)
         while len(a) + len(b) > max_len - 3:
             (a if len(a) > len(b) else b).pop()
         assert f.input_ids[f.offsets[i]:f.offsets[i + 1]].tolist() == [cls, *a, sep, *b, sep]
-    assert truncated > 100  # the check covered many truncated pairs
+    assert 100 < truncated < len(examples)  # the check covered many truncated pairs and some whole ones
 
 
 def test_feature_cache_is_reused_and_keyed_by_its_inputs(tmp_path, tokenizer, monkeypatch, data_dir):
