@@ -300,7 +300,12 @@ def test_feature_cache_is_reused_and_keyed_by_its_inputs(tmp_path, tokenizer, mo
     first = glue.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
     files = list((tmp_path / "glue").iterdir())
     assert len(files) == 1 and files[0].suffix == ".npz"  # no temporary file left behind
+    # The cached features are the features of these examples: STS-B scores as float32 labels, ids as featurized.
     assert first.labels.dtype == np.float32
+    np.testing.assert_array_equal(first.labels, np.array([e.label for e in examples], np.float32))
+    direct = glue.featurize(examples, tokenizer, 32, regression=True)
+    for name in glue.Features._fields:
+        np.testing.assert_array_equal(getattr(first, name), getattr(direct, name))
 
     monkeypatch.setattr(glue, "featurize", lambda *a, **k: pytest.fail("cache miss"))
     again = glue.cached_features(examples, tokenizer, digest, True, 32, True, tmp_path)
@@ -328,8 +333,7 @@ def test_collate_pads_to_the_longest_in_the_batch():
     items = [(np.array([101, 7, 102], np.int32), np.array([0, 0, 0], np.int8), 1, 4),
              (np.array([101, 7, 8, 102, 9, 102], np.int32), np.array([0, 0, 0, 0, 1, 1], np.int8), 0, 2)]
     b = collate(items, pad_id=0)
-    assert b["input_ids"].shape == (2, 6)
-    assert b["input_ids"][0].tolist() == [101, 7, 102, 0, 0, 0]
+    assert b["input_ids"].tolist() == [[101, 7, 102, 0, 0, 0], [101, 7, 8, 102, 9, 102]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0], [1] * 6]
     assert b["token_type_ids"][1].tolist() == [0, 0, 0, 0, 1, 1]
     assert b["labels"].tolist() == [1, 0] and b["position"].tolist() == [4, 2]
