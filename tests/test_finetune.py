@@ -121,7 +121,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     assert metrics["final/score"] == pytest.approx(100 * values[-1]) and score == metrics["final/score"]
     assert client.get_metric_history(run.info.run_id, "train/loss")
 
-    # The predictions artifact, checked against the real dev labels: it must reproduce the logged accuracy.
+    # The predictions artifact, checked against the dev labels: it must reproduce the logged accuracy.
     local = client.download_artifacts(run.info.run_id, "predictions/dev_predictions.tsv", str(tmp_path))
     with open(local, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))

@@ -1,4 +1,4 @@
-"""GLUE tasks: loaders on fixtures in the original layouts and on the real data, the HF label mapping,
+"""GLUE tasks: loaders on fixtures in the original layouts and on the real data (`realdata`), the HF label mapping,
 metrics against independent computations, tokenization against the reference's truncation, the feature
 cache, batching, and the messages for bad input."""
 

@@ -209,7 +209,7 @@ def test_non_neural_generators_propose_no_special_tokens(cls):
     assert not torch.isin(fake.sampled, torch.tensor(specials)).any()
     # Proposals follow the generator's distribution over the other ids ([UNK] included): uniform, or the
     # add-one-smoothed counts (count + 1 = id + 1).
-    weights = torch.ones(V) if cls is UniformGenerator else torch.arange(V).double() + 1
+    weights = torch.ones(V, dtype=torch.float64) if cls is UniformGenerator else torch.arange(V).double() + 1
     weights[specials] = 0
     allowed = weights > 0
     counts = torch.bincount(fake.sampled, minlength=V)[allowed].numpy()
