@@ -1,26 +1,58 @@
-"""Shared fixtures: the real data folder beside the checkout, tiny configs, a temporary MLflow store."""
+"""Shared fixtures: a tiny hermetic data folder (the real one only for `realdata` tests), tiny configs, a
+temporary MLflow store."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import hermetic
 import pytest
 import pytorch_lightning as pl
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
 CONF_DIR = REPO / "conf"
-DATA_DIR = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()
+# The shared real data, as conf/paths/default.yaml finds it; only `realdata` tests read it.
+REAL_DATA_DIR = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_configure(config):
+    """Write the tiny data folder (tests/hermetic.py, ~1 s) and point ELECTRA_ABLATE_DATA at it, before any test
+    module is imported: test modules, the configs they compose (paths.data_dir) and the entry points they start
+    in subprocesses then all read it, so the default run needs no real data and gives the same results
+    wherever it runs."""
+    config._hermetic_data = hermetic.make_data_dir()
+    config._real_data_env = os.environ.get("ELECTRA_ABLATE_DATA")
+    os.environ["ELECTRA_ABLATE_DATA"] = str(config._hermetic_data)
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "_hermetic_data", None) is None:
+        return
+    hermetic.remove_data_dir(config._hermetic_data)
+    if config._real_data_env is None:
+        os.environ.pop("ELECTRA_ABLATE_DATA", None)
+    else:
+        os.environ["ELECTRA_ABLATE_DATA"] = config._real_data_env
+
+
 @pytest.fixture(scope="session")
-def data_dir() -> Path:
-    if not (DATA_DIR / "corpus").is_dir():
-        pytest.fail(f"real data not found at {DATA_DIR}; set ELECTRA_ABLATE_DATA to the shared data folder")
-    return DATA_DIR
+def data_dir(pytestconfig) -> Path:
+    """The tiny hermetic data folder, laid out like the real one (corpus/, vocab/, glue/)."""
+    return pytestconfig._hermetic_data
+
+
+@pytest.fixture(scope="session")
+def real_data_dir() -> Path:
+    """The shared real data, for tests of real corpus and GLUE statistics (marker `realdata`, run by
+    `pytest -m realdata`); they skip, naming the fix, where it is absent."""
+    if not (REAL_DATA_DIR / "corpus").is_dir():
+        pytest.skip(f"real data not found at {REAL_DATA_DIR}; set ELECTRA_ABLATE_DATA to the shared data folder "
+                    "(../shared/data/README.md) to run the realdata tests")
+    return REAL_DATA_DIR
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ afterwards, what is exported before the switch is the generator, FLOPs follow th
 exactly after the switch. Adversarial: on a toy policy REINFORCE estimates the exact gradient, the learned
 baseline fits its target and cuts the variance, and end to end both optimizers step once per batch. Learned
 lambda starts at the paper's 50, moves, stays finite and is not weight-decayed. Bad combinations fail before
-any data is built. End-to-end runs use the real Wikipedia sample with a tiny model.
+any data is built. End-to-end runs use the tiny hermetic corpus (conftest) with a tiny model.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from electra_ablate.models import fast  # noqa: E402
 from electra_ablate.bench import runner as bench
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
 
-# 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the real sample; the full
-# BERT vocabulary, so the reference's all-position logits are the real (B, T, 30522) shape.
+# 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the tiny hermetic corpus and
+# its BERT-layout vocabulary (conftest).
 TINY = [
     "model.hidden_size=64", "model.embedding_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
     "model.intermediate_size=128", "model.max_position_embeddings=64", "data.max_docs=300",
@@ -81,14 +81,15 @@ def test_the_report_names_the_cpu_and_what_auto_resolves_to(quick_report):
     assert f"`runtime.precision=auto` resolves to {precision.resolve('auto', 'cpu')} here" in text
 
 
-def test_every_section_reports(quick_report):
+def test_every_section_reports(quick_report, data_dir):
     rep, out = quick_report
     text = out.read_text()
     assert {(r["precision"], r["variant"]) for r in rep.finetune} == {
         (p, v) for p in ("32-true", "bf16-mixed") for v in ("fast dropout", "torch dropout")}
     assert all(r["examples_per_s"] > 0 and r["task"] == "SST2" for r in rep.finetune)
-    default, buckets = rep.finetune_padding  # one epoch of the first 2,000 SST-2 rows, counted
-    assert default["real_tokens"] == buckets["real_tokens"] and default["examples"] == 2000
+    default, buckets = rep.finetune_padding  # one epoch of the first 2,000 SST-2 rows (all the tiny data has), counted
+    sst2_rows = len((data_dir / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()) - 1  # header
+    assert default["real_tokens"] == buckets["real_tokens"] and default["examples"] == min(2000, sst2_rows)
     assert default["real_tokens"] < default["padded_tokens"] and buckets["padded_tokens"] < default["padded_tokens"]
     assert [(r["batch_size"], r["seq_len"], r["precision"]) for r in rep.shapes] == [
         (4, 32, "32-true"), (4, 32, "bf16-mixed"), (8, 64, "32-true"), (8, 64, "bf16-mixed")]

@@ -31,16 +31,14 @@ from electra_ablate.data.hf_corpus import HFDataset
 from electra_ablate.data.module import HFDatasetDataModule, TextFilesDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", ROOT.parent / "shared" / "data")).resolve()
+DATA = Path(os.environ["ELECTRA_ABLATE_DATA"])  # conftest: the tiny hermetic data folder
 CORPUS = DATA / "corpus" / "enwiki_sample_5mb.txt"
 VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
 SMALL_SHARDS = 12_000  # characters: a few dozen documents per shard, so these corpora have several shards
 
-pytestmark = pytest.mark.usefixtures("data_dir")
-
 
 def documents(n: int, skip: int = 0) -> list[list[str]]:
-    """Documents `skip` .. `skip + n` of the Wikipedia sample, each a list of its lines."""
+    """Documents `skip` .. `skip + n` of the sample corpus, each a list of its lines."""
     docs, doc = [], []
     with open(CORPUS, encoding="utf-8") as f:
         for line in f:
@@ -309,7 +307,7 @@ def test_configs_instantiate_the_corpus_modules(saved_dataset, tmp_path):
 
 
 def test_passes_over_the_corpus_and_the_warning():
-    # The issue's numbers: ELECTRA-Small's 1M steps x 128 x 128 over the ~60M-token Wikipedia slice.
+    # ELECTRA-Small's 1M steps x 128 x 128 (paper Table 6) over the ~60M-token Wikipedia slice.
     small_on_slice = corpus_budget(60_000_000, 470_000, 1_000_000, 128, 128)
     assert small_on_slice["corpus/tokens_to_see"] == 16_384_000_000
     assert round(small_on_slice["corpus/passes"]) == 273

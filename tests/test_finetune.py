@@ -29,11 +29,12 @@ from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, E
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
-DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()  # as conftest
+DATA = Path(os.environ["ELECTRA_ABLATE_DATA"])  # conftest: the tiny hermetic data folder
 VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
 
-# A 2-layer, 32-wide encoder (the BERT vocabulary keeps the real tokenizer).
-TINY = EncoderConfig(embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+# A 2-layer, 32-wide encoder over the tiny data's BERT-layout vocabulary (the real tokenizer, few rows).
+VOCAB_SIZE = len(VOCAB.read_text(encoding="utf-8").splitlines())
+TINY = EncoderConfig(vocab_size=VOCAB_SIZE, embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=128)
 TINY_MODEL = ["model.embedding_size=32", "model.hidden_size=32", "model.num_hidden_layers=2",
               "model.num_attention_heads=2", "model.intermediate_size=64"]
@@ -52,7 +53,7 @@ def store(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def isolated(monkeypatch, tmp_path, data_dir):  # data_dir (conftest) fails clearly without the shared data
+def isolated(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the config's store, not the environment's
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
 
@@ -121,7 +122,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     assert metrics["final/score"] == pytest.approx(100 * values[-1]) and score == metrics["final/score"]
     assert client.get_metric_history(run.info.run_id, "train/loss")
 
-    # The predictions artifact, checked against the real dev labels: it must reproduce the logged accuracy.
+    # The predictions artifact, checked against the dev labels: it must reproduce the logged accuracy.
     local = client.download_artifacts(run.info.run_id, "predictions/dev_predictions.tsv", str(tmp_path))
     with open(local, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -382,7 +383,7 @@ def test_bad_checkpoints_fail_before_any_run_is_recorded(store, tmp_path, case):
         "step_with_dir": lambda: (f"pretrained={save_tiny(tmp_path / 'c')}", "pretrained_step=100"),
     }[case]()
     messages = {
-        "vocab": r"word embeddings have vocab_size=100 but its vocabulary .*vocab.txt has 30522 entries",
+        "vocab": r"word embeddings have vocab_size=100 but its vocabulary .*vocab.txt has " + str(VOCAB_SIZE) + " entries",
         "positions": r"glue_data.max_seq_length=64 exceeds the encoder's max_position_embeddings=32",
         "not_a_checkpoint": r"pretrained='no/such/dir' is neither a directory, an MLflow run id",
         "transformers_dir": r"config.json: unknown format None; expected 'electra-ablate/1'; for a transformers checkpoint directory use pretrained=hf:",

@@ -175,9 +175,21 @@ def test_all_tokens_mlm_output_is_a_distribution_and_loss_matches_it():
     batch = make_batch()
     obj = AllTokensMLM("all_tokens_mlm", SPECIAL, V)
     nets = nets_for(obj)
+    nets.model.eval(), nets.generator.eval()  # no dropout: the recomputation below sees the same activations
     assert nets.model.has_mlm_head and nets.model.has_disc_head
+    torch.manual_seed(3)
     out = obj(batch, nets)
-    assert torch.isfinite(out.loss) and out.loss > 0
+    # The loss is -mean log p(original token) under the full copy distribution at every non-pad position,
+    # plus gen_weight x the generator's MLM loss; the same seed gives the same corrupted inputs.
+    torch.manual_seed(3)
+    fake = obj.corrupt(batch, nets.generator)
+    pos = batch.attention_mask.bool()
+    h = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)[pos]
+    p = copy_distribution(nets.model.disc_logits(h), nets.model.mlm_logits(h), fake.input_ids[pos])
+    expected = -torch.log(p.gather(1, batch.input_ids[pos][:, None])).mean()
+    assert (fake.input_ids[pos] != batch.input_ids[pos]).any()  # some positions must be predicted, not copied
+    assert torch.allclose(out.sums["mlm_loss"][0].detach(), expected, atol=1e-5)
+    assert torch.allclose(out.loss.detach(), expected + obj.gen_weight * fake.gen_loss.detach(), atol=1e-5)
 
 
 def test_replace_mlm_model_never_sees_mask_and_bert_uses_no_generator():
@@ -196,14 +208,21 @@ def test_replace_mlm_model_never_sees_mask_and_bert_uses_no_generator():
 @pytest.mark.parametrize("cls", [UniformGenerator, UnigramGenerator])
 def test_non_neural_generators_propose_no_special_tokens(cls):
     torch.manual_seed(0)
-    batch = make_batch(B=64)
+    batch = make_batch(B=512, T=64)
     obj = electra()
-    nets = nets_for(obj, generator_cls=cls)
+    nets = nets_for(obj, generator_cls=cls)  # token counts 0, 1, ..., V - 1
     fake = obj.corrupt(batch, nets.generator)
     assert fake.gen_loss is None
-    assert not torch.isin(fake.sampled, torch.tensor([SPECIAL.pad, SPECIAL.cls, SPECIAL.sep, SPECIAL.mask])).any()
-    if cls is UnigramGenerator:  # counts grow with the id: high ids are proposed more often
-        assert fake.sampled.float().mean() > (V + 5) / 2
+    specials = [SPECIAL.pad, SPECIAL.cls, SPECIAL.sep, SPECIAL.mask]
+    assert not torch.isin(fake.sampled, torch.tensor(specials)).any()
+    # Proposals follow the generator's distribution over the other ids ([UNK] included): uniform, or the
+    # add-one-smoothed counts (count + 1 = id + 1).
+    weights = torch.ones(V, dtype=torch.float64) if cls is UniformGenerator else torch.arange(V).double() + 1
+    weights[specials] = 0
+    allowed = weights > 0
+    counts = torch.bincount(fake.sampled, minlength=V)[allowed].numpy()
+    expected = (weights[allowed] / weights.sum() * fake.sampled.numel()).numpy()
+    assert stats.chisquare(counts, expected).pvalue > 1e-3
 
 
 def test_sharing_modes_make_the_very_same_parameters():

@@ -20,7 +20,7 @@ from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.training import build
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()  # as conftest
+DATA = Path(os.environ["ELECTRA_ABLATE_DATA"])  # conftest: the tiny hermetic data folder
 
 # /proc/cpuinfo flag sets: AMD Zen 4 (avx512_bf16), Intel Sapphire Rapids (AMX), and an AVX2-only CPU.
 ZEN4 = frozenset({"sse4_2", "avx2", "avx512f", "avx512_bf16"})
@@ -107,14 +107,16 @@ def _finetune_cfg(tmp_path: Path, uri: str, *overrides: str):
             "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8", "glue_data.batch_size=8", *overrides])
 
 
-def test_finetuning_records_the_resolved_precision_and_keeps_it_out_of_identity(tmp_path, monkeypatch, data_dir, cpu_with):
+def test_finetuning_records_the_resolved_precision_and_keeps_it_out_of_identity(tmp_path, monkeypatch, cpu_with):
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     torch.manual_seed(0)
-    config = EncoderConfig(embedding_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=128)
-    ckpt = save_pretrained(tmp_path / "pre", ElectraForPretraining(config, disc_head=True),
-                           DATA / "vocab" / "bert-base-uncased-vocab.txt", {"model_name": "tiny"})
+    vocab = DATA / "vocab" / "bert-base-uncased-vocab.txt"
+    config = EncoderConfig(vocab_size=len(vocab.read_text(encoding="utf-8").splitlines()), embedding_size=32,
+                           hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=128)
+    ckpt = save_pretrained(tmp_path / "pre", ElectraForPretraining(config, disc_head=True), vocab,
+                           {"model_name": "tiny"})
 
     cpu_with(AVX2_ONLY)
     auto = _finetune_cfg(tmp_path, uri, f"pretrained={ckpt}", "runtime.precision=auto")

@@ -1,4 +1,4 @@
-"""Pre-training end to end on the real Wikipedia sample: every objective learns, runs resume exactly,
+"""Pre-training end to end on the tiny hermetic corpus (conftest): every objective learns, runs resume exactly,
 finished runs are found again, and bad configs fail before compute with one clear message."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def losses(tmp: Path, run_id: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("objective", ["bert", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"])
-def test_every_objective_lowers_its_loss_on_real_text(tmp_path, pretrain_cfg, objective):
+def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objective):
     cfg = pretrain_cfg(tmp_path, f"objective={objective}", "trainer.max_steps=100",
                       "logger.log_every_n_steps=25")
     run_id = pretrain.train(cfg)

@@ -163,7 +163,13 @@ def test_bootstrap_interval_and_spread(store, tmp_path):
 def test_bootstrap_interval_covers_zero_for_identical_samples():
     x = {"rte": np.array([60.0, 61.0, 59.0, 62.0])}
     d, lo, hi = bootstrap_difference(x, x)
-    assert d == 0 and lo < 0 < hi or (lo == hi == 0)
+    # Each side is resampled on its own, so identical runs still give an interval of non-zero width around 0,
+    # inside the runs' range (a difference of medians of resamples cannot exceed max - min = 3).
+    assert d == 0 and -3 <= lo < 0 < hi <= 3
+    # A shift of every run moves the observed difference and both ends by exactly the shift (same seed, same
+    # draws), and one run per side has nothing to resample: a zero-width interval at the difference.
+    assert bootstrap_difference({"rte": x["rte"] + 10}, x) == pytest.approx((10, lo + 10, hi + 10))
+    assert bootstrap_difference({"rte": np.array([64.0])}, {"rte": np.array([60.0])}) == (4.0, 4.0, 4.0)
 
 
 def test_failed_and_missing_runs_are_listed_not_fatal(store, tmp_path):

@@ -61,7 +61,6 @@ def test_count_words_equals_the_tokenizer_one_line_at_a_time(data_dir):
     assert W.count_words(corpus, tok.normalizer, tok.pre_tokenizer) == one_call_per_line(tok, corpus)
 
 
-@pytest.mark.usefixtures("data_dir")
 def test_trained_vocab_is_a_wordpiece_vocab_that_covers_its_corpus(data_dir, tmp_path):
     corpus = data_dir / "corpus" / "enwiki_sample_5mb.txt"
     path = train_vocab(corpus, tmp_path, 1000, max_docs=300)
