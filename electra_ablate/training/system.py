@@ -19,10 +19,10 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torchmetrics.classification import BinaryAUROC
 
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
+from electra_ablate.training.auc import BinnedAUC
 from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
@@ -91,7 +91,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         # Set by the entry point: the checkpoint a diverged run can be inspected or resumed from.
         self.last_good_checkpoint: Callable[[], str | None] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
-        self.auroc = BinaryAUROC(thresholds=200)  # binned: fixed memory, updated on device
+        self.auroc = BinnedAUC(bins=200)  # binned: fixed memory, updated on device with no sync
         self._sums: dict[str, torch.Tensor] = {}
         self._tokens = 0
         self._window_start = time.perf_counter()
@@ -139,7 +139,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         for k, v in out.sums.items():
             self._sums[k] = self._sums[k] + v if k in self._sums else v
         if out.disc_probs is not None and out.disc_probs.numel():
-            self.auroc.update(out.disc_probs, out.disc_labels.long())
+            self.auroc.update(out.disc_probs, out.disc_labels, out.disc_weights)
         self._tokens += batch["input_ids"].numel()
 
     def fail_non_finite(self, value: float, step: int | None = None) -> None:
@@ -214,9 +214,11 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._pending_rng = checkpoint.get("rng")
         self._sums = dict(checkpoint.get("metric_sums", {}))
-        for k, v in checkpoint.get("auroc", {}).items():
-            setattr(self.auroc, k, v)
-        self.auroc._update_count = checkpoint.get("auroc_updates", 0)
+        saved = checkpoint.get("auroc", {})
+        if set(saved) == set(self.auroc.metric_state):  # a checkpoint of an older AUC metric starts a fresh window
+            for k, v in saved.items():
+                setattr(self.auroc, k, v)
+            self.auroc._update_count = checkpoint.get("auroc_updates", 0)
 
     def on_train_start(self) -> None:
         # Restored here, after everything that draws random numbers at start-up, right before the next batch.
