@@ -61,7 +61,10 @@ class ObjectiveOutput(NamedTuple):
 
 def ratio(num: torch.Tensor, den: torch.Tensor | int | float) -> torch.Tensor:
     """A (2,) [sum, count] pair, detached and in fp32."""
-    den = torch.as_tensor(den, dtype=torch.float32, device=num.device)
+    if torch.is_tensor(den):
+        den = den.detach().to(device=num.device, dtype=torch.float32)
+    else:  # a fill on the device: copying a host number there would wait for the copy
+        den = torch.full((), float(den), device=num.device)
     return torch.stack([num.detach().float().sum(), den])
 
 
