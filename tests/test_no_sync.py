@@ -9,12 +9,11 @@ raise, for every objective, generator kind, position sampling and the adversaria
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from electra_ablate.algorithms.adversarial import Adversarial
+from electra_ablate.common import syncs
 from electra_ablate.generators.fixed import UniformGenerator, UnigramGenerator
 from electra_ablate.generators.neural import NeuralGenerator
 from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM
@@ -31,48 +30,13 @@ class Synchronised(AssertionError):
     pass
 
 
-def _refuse(name):
-    def refuse(*args, **kwargs):
-        raise Synchronised(f"{name} waits on the device")
-
-    return refuse
+def _refuse(what: str) -> None:
+    raise Synchronised(f"{what} waits on the device")
 
 
-def _is_mask(index) -> bool:
-    items = index if isinstance(index, tuple) else (index,)
-    return any(torch.is_tensor(i) and i.dtype == torch.bool for i in items)
-
-
-@contextlib.contextmanager
-def no_host_reads(monkeypatch):
-    """Make every Python entry point that reads a device value, or sizes a tensor by its data, raise."""
-    getitem, setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
-
-    def guarded_getitem(self, index):
-        if _is_mask(index):
-            raise Synchronised("boolean-mask indexing sizes its result by the data")
-        return getitem(self, index)
-
-    def guarded_setitem(self, index, value):
-        if _is_mask(index):
-            raise Synchronised("boolean-mask assignment")
-        return setitem(self, index, value)
-
-    with monkeypatch.context() as m:
-        for name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero",
-                     "masked_select", "unique", "unique_consecutive", "bincount", "argwhere"):
-            m.setattr(torch.Tensor, name, _refuse(f"Tensor.{name}"))
-        for name in ("nonzero", "masked_select", "unique", "unique_consecutive", "bincount", "argwhere"):
-            m.setattr(torch, name, _refuse(f"torch.{name}"))
-        # Host data made into a tensor is copied to the device, and a plain copy waits for itself to finish.
-        for name in ("tensor", "as_tensor"):
-            m.setattr(torch, name, _refuse(f"torch.{name} (a host-to-device copy)"))
-        where = torch.where
-        m.setattr(torch, "where", lambda *args, **kw: _refuse("torch.where(condition)")() if len(args) + len(kw) == 1
-                  else where(*args, **kw))
-        m.setattr(torch.Tensor, "__getitem__", guarded_getitem)
-        m.setattr(torch.Tensor, "__setitem__", guarded_setitem)
-        yield
+def no_host_reads():
+    """Every synchronising Python entry point raises inside the block (electra_ablate.common.syncs)."""
+    return syncs.host_reads(_refuse)
 
 
 def step(objective, nets, batch: Batch, auc: BinnedAUC) -> None:
@@ -102,19 +66,19 @@ def build(objective: str, generator: str, sampling: str):
 
 
 @pytest.mark.parametrize("objective, generator, sampling", CASES, ids=["-".join(c) for c in CASES])
-def test_a_training_step_reads_nothing_back_from_the_device(monkeypatch, objective, generator, sampling):
+def test_a_training_step_reads_nothing_back_from_the_device(objective, generator, sampling):
     torch.manual_seed(0)
     obj, nets = build(objective, generator, sampling)
     batch = make_batch()
     auc = BinnedAUC()
-    with no_host_reads(monkeypatch):
+    with no_host_reads():
         out, _ = step(obj, nets, batch, auc)
     assert torch.isfinite(out.loss)  # outside the guard: reading the value is the host's choice
 
 
-def test_the_guard_catches_what_the_old_masking_did(monkeypatch):
+def test_the_guard_catches_what_the_old_masking_did():
     x, mask = torch.randn(4, 6), torch.rand(4, 6) > 0.5
-    with no_host_reads(monkeypatch):
+    with no_host_reads():
         for read in (lambda: x[mask], lambda: int(mask.sum()), lambda: mask.nonzero(), lambda: x.sum().item(),
                      lambda: bool(mask.any()), lambda: x.masked_select(mask), lambda: torch.where(mask),
                      lambda: torch.as_tensor(1.0, device=x.device)):
@@ -122,7 +86,16 @@ def test_the_guard_catches_what_the_old_masking_did(monkeypatch):
                 read()
 
 
-def test_the_adversarial_step_reads_nothing_back_from_the_device(monkeypatch):
+def test_host_reads_counts_by_kind_and_restores_torch():
+    x, mask = torch.randn(4, 6), torch.rand(4, 6) > 0.5
+    getitem = torch.Tensor.__getitem__
+    counts = syncs.count_host_reads(lambda: (x[mask], x[0], int(mask.sum()), torch.as_tensor(1.0), torch.as_tensor(x)))
+    assert counts == {"boolean-mask indexing": 1, "Tensor.__int__": 1, "torch.as_tensor of host data": 1}
+    assert torch.Tensor.__getitem__ is getitem and "__getitem__" not in vars(torch.Tensor)
+    assert syncs.count_host_reads(lambda: x[mask]) == {"boolean-mask indexing": 1}
+
+
+def test_the_adversarial_step_reads_nothing_back_from_the_device():
     torch.manual_seed(0)
     obj = Electra("electra", SPECIAL, V)
     nets = nets_for(obj, sharing="none")
@@ -130,7 +103,7 @@ def test_the_adversarial_step_reads_nothing_back_from_the_device(monkeypatch):
                          betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, warmup_steps=0, max_grad_norm=1.0,
                          max_steps=10)
     batch = make_batch()
-    with no_host_reads(monkeypatch):
+    with no_host_reads():
         out = system.losses(batch)
         out.loss.backward()
         system.auroc.update(out.disc_probs, out.disc_labels, out.disc_weights)
@@ -147,8 +120,4 @@ def test_a_cuda_training_step_never_synchronises(objective, generator, sampling)
     auc = BinnedAUC().cuda()
     step(obj, nets, batch, auc)  # warm-up: first-call allocations and lazy initialisation may synchronise
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step(obj, nets, batch, auc)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    assert syncs.cuda_syncs(lambda: step(obj, nets, batch, auc)) == 0
