@@ -23,6 +23,7 @@ from electra_ablate.objectives.electra import Electra
 from electra_ablate.objectives.electra_15 import Electra15
 from electra_ablate.objectives.replace_mlm import ReplaceMLM
 from electra_ablate.training.auc import BinnedAUC
+from electra_ablate.weighting.learned import LearnedWeights
 from tests.test_objectives import SPECIAL, V, make_batch, nets_for
 
 
@@ -74,6 +75,15 @@ def test_a_training_step_reads_nothing_back_from_the_device(objective, generator
     with no_host_reads():
         out, _ = step(obj, nets, batch, auc)
     assert torch.isfinite(out.loss)  # outside the guard: reading the value is the host's choice
+
+
+def test_a_step_with_a_learned_lambda_reads_nothing_back_from_the_device():
+    torch.manual_seed(0)
+    obj = Electra("electra", SPECIAL, V, weighting=LearnedWeights("learned", 1.0, 50.0))
+    nets, batch = nets_for(obj), make_batch()
+    with no_host_reads():
+        out, sums = step(obj, nets, batch, BinnedAUC())
+    assert "disc_weight" in sums and torch.isfinite(out.loss)
 
 
 def test_the_guard_catches_what_the_old_masking_did():
