@@ -66,6 +66,14 @@ PRETRAIN_VALUES = {
     "betas out of range": (["optim.betas=[0.9,1.5]"], r"optim.betas=\[0.9, 1.5\] must be two numbers in \[0, 1\)"),
     "temperature zero": (["objective.temperature=0"], r"objective.temperature=0 must be a positive number"),
     "dropout one": (["model.hidden_dropout_prob=1.0"], r"model.hidden_dropout_prob=1.0 must be in \[0, 1\)"),
+    "prediction cap zero": (["objective.max_predictions_per_seq=0"],
+                            r"objective.max_predictions_per_seq=0 must be a positive integer, or null"),
+    "prediction cap fractional": (["objective=bert", "objective.max_predictions_per_seq=2.5"],
+                                  r"objective.max_predictions_per_seq=2.5 must be a positive integer"),
+    "position sampling unknown": (["objective.position_sampling=uniform"],
+                                  r"objective.position_sampling='uniform' must be one of without_replacement, reference"),
+    "disallow correct not a flag": (["objective.disallow_correct=maybe"],
+                                    r"objective.disallow_correct='maybe' must be true or false"),
 }
 
 

@@ -100,8 +100,8 @@ def test_electra_labels_a_sample_equal_to_the_original_as_original():
     class Oracle(torch.nn.Module):
         trainable = False
 
-        def masked_logits(self, input_ids, attention_mask, token_type_ids, selected):
-            return torch.nn.functional.one_hot(orig[selected], V).float() * 100
+        def masked_logits(self, input_ids, attention_mask, token_type_ids, positions):
+            return torch.nn.functional.one_hot(orig.gather(1, positions).reshape(-1), V).float() * 100
 
     fake = obj.corrupt(batch, Oracle())
     assert not fake.replaced.any()
@@ -111,8 +111,8 @@ def test_electra_labels_a_sample_equal_to_the_original_as_original():
 
     # A generator that never proposes the original: exactly the selected positions are replaced.
     class Anti(Oracle):
-        def masked_logits(self, input_ids, attention_mask, token_type_ids, selected):
-            return -torch.nn.functional.one_hot(orig[selected], V).float() * 100
+        def masked_logits(self, input_ids, attention_mask, token_type_ids, positions):
+            return -torch.nn.functional.one_hot(orig.gather(1, positions).reshape(-1), V).float() * 100
 
     fake = obj.corrupt(batch, Anti())
     assert torch.equal(fake.replaced, fake.masked.selected)

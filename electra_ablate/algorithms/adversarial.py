@@ -30,27 +30,39 @@ from torch import nn
 
 from electra_ablate.algorithms.manual import ManualSystem
 from electra_ablate.models.encoder import ElectraForPretraining
+from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.base import (
     Batch, Fake, ObjectiveOutput, disc_sums, mlm_loss, ratio, rtd_loss, sample_tokens,
 )
 
 
+def _mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """Mean of (N,) values, over the rows (N,) bool `weights` keeps when given."""
+    if weights is None:
+        return values.mean()
+    w = weights.float()
+    return (values * w).sum() / w.sum().clamp(min=1.0)
+
+
 def reinforce_loss(log_probs: torch.Tensor, actions: torch.Tensor, reward: torch.Tensor,
-                   baseline: torch.Tensor | None = None) -> torch.Tensor:
+                   baseline: torch.Tensor | None = None, weights: torch.Tensor | None = None) -> torch.Tensor:
     """A surrogate whose gradient is minus the REINFORCE estimate of grad E[reward], averaged over rows.
 
-    log_probs (N, V): the policy's log-probabilities; actions (N,): draws from it; reward, baseline (N,).
-    The advantage R - b carries no gradient: only log p(action) is differentiated.
+    log_probs (N, V): the policy's log-probabilities; actions (N,): draws from it; reward, baseline (N,);
+    weights (N,) bool: the rows that count (None: all). The advantage R - b carries no gradient: only
+    log p(action) is differentiated.
     """
     chosen = log_probs.gather(-1, actions[:, None]).squeeze(-1)  # (N,)
     advantage = reward if baseline is None else reward - baseline
-    return -(chosen * advantage.detach()).mean()
+    return -_mean(chosen * advantage.detach(), weights)
 
 
-def baseline_loss(baseline_logit: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+def baseline_loss(baseline_logit: torch.Tensor, reward: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Cross-entropy that fits b = -log sigmoid(logit) to the reward R = -log(probability the discriminator gave
     the right label): the target probability is exp(-R) (paper Appendix F). All (N,)."""
-    return F.binary_cross_entropy_with_logits(baseline_logit.float(), torch.exp(-reward.detach().float()))
+    losses = F.binary_cross_entropy_with_logits(baseline_logit.float(), torch.exp(-reward.detach().float()),
+                                                reduction="none")
+    return _mean(losses, weights)
 
 
 def entropy(log_probs: torch.Tensor) -> torch.Tensor:
@@ -101,13 +113,17 @@ class Adversarial(ManualSystem):
     def losses(self, batch: Batch) -> ObjectiveOutput:
         obj = self.objective
         masked = obj.mask(batch)
-        selected = masked.selected  # (B, T)
-        targets = batch.input_ids[selected]  # (N,)
-        hidden = self.generator(masked.input_ids, batch.attention_mask, batch.token_type_ids)[selected]  # (N, Hg)
-        logits = self.generator.mlm_logits(hidden).float()  # (N, V)
+        index = masked.positions.index  # (B, N) prediction slots (objectives/positions.py): no data-dependent shape
+        targets = slots.flat(masked.targets)  # (B x N,)
+        # The slots whose sample is in the input (a position drawn twice keeps its first slot's sample).
+        acted = slots.flat(masked.positions.first)
+        hidden = self.generator(masked.input_ids, batch.attention_mask, batch.token_type_ids)
+        hidden = slots.flat(slots.gather(hidden, index))  # (B x N, Hg)
+        logits = self.generator.mlm_logits(hidden).float()  # (B x N, V)
         log_probs = torch.log_softmax(logits / obj.temperature, dim=-1)  # the distribution samples come from
-        sampled = sample_tokens(logits.detach(), obj.temperature, obj.sampler)  # (N,)
-        fake_ids = batch.input_ids.masked_scatter(selected, sampled)
+        disallow = targets if obj.disallow_correct else None
+        sampled = sample_tokens(logits.detach(), obj.temperature, obj.sampler, disallow)  # (B x N,)
+        fake_ids = slots.scatter(batch.input_ids, masked.positions, sampled.view_as(index))
         replaced = fake_ids != batch.input_ids  # a sample equal to the original is labelled original
         fake = Fake(masked, None, logits.detach().argmax(-1) == targets, sampled, fake_ids, replaced)
 
@@ -115,26 +131,30 @@ class Adversarial(ManualSystem):
         weights = obj.disc_weights(batch, fake)
         disc_loss = rtd_loss(disc_logits, replaced, weights)
         reward = F.binary_cross_entropy_with_logits(
-            disc_logits[selected].detach().float(), replaced[selected].float(), reduction="none"
-        )  # (N,) the discriminator's loss at each sampled position
-        baseline_logit = self.baseline(hidden.detach()).squeeze(-1)  # (N,)
+            slots.flat(slots.gather(disc_logits.detach().float(), index)),
+            slots.flat(slots.gather(replaced, index)).float(), reduction="none",
+        )  # (B x N,) the discriminator's loss at each sampled position
+        baseline_logit = self.baseline(hidden.detach()).squeeze(-1)  # (B x N,)
         baseline = -F.logsigmoid(baseline_logit.float())
-        gen_loss = reinforce_loss(log_probs, sampled, reward, baseline)
-        fit_loss = baseline_loss(baseline_logit, reward)
+        gen_loss = reinforce_loss(log_probs, sampled, reward, baseline, acted)
+        fit_loss = baseline_loss(baseline_logit, reward, acted)
         loss = obj.combine(gen_loss, disc_loss) + fit_loss
 
-        n = sampled.numel()
+        n = acted.sum()
+        predicted = slots.flat(masked.positions.weights)
         sums = {
             "loss": ratio(loss, 1),
             "disc_loss": ratio(disc_loss, 1),
-            "mlm_loss": ratio(mlm_loss(logits.detach(), targets), 1),  # not trained on: how MLM-good it gets
-            "gen_reward": ratio(reward.sum(), n),
+            # not trained on: how MLM-good it gets
+            "mlm_loss": ratio(mlm_loss(logits.detach(), targets, predicted), 1),
+            "gen_reward": ratio((reward * acted).sum(), n),
             "baseline_loss": ratio(fit_loss, 1),
-            "gen_entropy": ratio(entropy(log_probs.detach()).sum(), n),
+            "gen_entropy": ratio((entropy(log_probs.detach()) * acted).sum(), n),
             **obj.generator_sums(fake, batch),
             **disc_sums(disc_logits, replaced, weights),
         }
-        return ObjectiveOutput(loss, sums, torch.sigmoid(disc_logits[weights].detach().float()), replaced[weights])
+        probs = torch.sigmoid(disc_logits.detach().float()).reshape(-1)  # every position, with its weight
+        return ObjectiveOutput(loss, sums, probs, replaced.reshape(-1), weights.reshape(-1))
 
     def window_metrics(self, step: int) -> dict[str, float]:
         # Both optimizers follow the same schedule; the discriminator's is reported.

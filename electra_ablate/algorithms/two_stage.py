@@ -40,9 +40,9 @@ class FrozenGenerator:
     def __init__(self, generator: ElectraForPretraining):
         self.generator = generator
 
-    def masked_logits(self, input_ids, attention_mask, token_type_ids, selected) -> torch.Tensor:
+    def masked_logits(self, input_ids, attention_mask, token_type_ids, positions) -> torch.Tensor:
         with torch.no_grad():
-            return self.generator.masked_logits(input_ids, attention_mask, token_type_ids, selected)  # (N, V)
+            return self.generator.masked_logits(input_ids, attention_mask, token_type_ids, positions)  # (B x N, V)
 
 
 class TwoStage(ManualSystem):

@@ -25,8 +25,9 @@ class _FixedDistribution(nn.Module, GeneratorKind):
         log_probs[[special.pad, special.cls, special.sep, special.mask]] = float("-inf")
         self.register_buffer("log_probs", log_probs, persistent=False)
 
-    def masked_logits(self, input_ids, attention_mask, token_type_ids, selected) -> torch.Tensor:
-        return self.log_probs.expand(int(selected.sum()), -1)  # (N, V) view, no copy
+    def masked_logits(self, input_ids, attention_mask, token_type_ids, positions) -> torch.Tensor:
+        # (B x N, V) view, no copy: one row per (B, N) slot, a count known from the shape alone.
+        return self.log_probs.expand(positions.numel(), -1)
 
 
 class UniformGenerator(_FixedDistribution):

@@ -1,7 +1,7 @@
 """The paper's generator: a small MLM Transformer sized as a fraction of the discriminator (hidden size and
 layer count multipliers; heads = max(1, hidden // 64), FFN = 4 x hidden as the reference
 `get_generator_config`). Built from the discriminator's config and the corpus's token counts, it answers
-`masked_logits(...)` with (N, V) logits at the selected positions only.
+`masked_logits(...)` with (B x N, V) logits at the prediction slots only (objectives/positions.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from electra_ablate.generators.base import GeneratorKind
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.objectives import positions as slots
 
 
 class NeuralGenerator(ElectraForPretraining, GeneratorKind):
@@ -51,7 +52,8 @@ class NeuralGenerator(ElectraForPretraining, GeneratorKind):
         self.hidden_multiplier = hidden_size
         self.layer_multiplier = layers
 
-    def masked_logits(self, input_ids, attention_mask, token_type_ids, selected) -> torch.Tensor:
+    def masked_logits(self, input_ids, attention_mask, token_type_ids, positions) -> torch.Tensor:
+        """(B x N, V) logits at the (B, N) slot `positions`, row-major; the vocabulary projection runs there only."""
         hidden = self(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-        return self.mlm_logits(hidden[selected])  # (N, V): logits only where tokens were selected
+        return self.mlm_logits(slots.flat(slots.gather(hidden, positions)))
 

@@ -37,20 +37,22 @@ class AllTokensMLM(GeneratorObjective):
 
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
-        positions = batch.attention_mask.bool()  # every non-pad token
+        # Every position of the (B, T) batch is predicted; padding has weight 0 (no data-dependent shape).
+        weights = batch.attention_mask.bool().reshape(-1)  # (B x T,) every non-pad token
         hidden = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)
-        h = hidden[positions]  # (N, H)
-        logits = nets.model.mlm_logits(h).float()  # (N, V)
-        copy_logit = nets.model.disc_logits(h).float()  # (N,)
-        targets = batch.input_ids[positions]
+        h = hidden.reshape(-1, hidden.shape[-1])  # (B x T, H)
+        logits = nets.model.mlm_logits(h).float()  # (B x T, V)
+        copy_logit = nets.model.disc_logits(h).float()  # (B x T,)
+        targets = batch.input_ids.reshape(-1)
+        inputs = fake.input_ids.reshape(-1)
         log_q = torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)
-        is_copy = fake.input_ids[positions] == targets
-        model_loss = -copy_log_prob(copy_logit, log_q, is_copy).mean()
+        log_p = copy_log_prob(copy_logit, log_q, inputs == targets)
+        model_loss = -(log_p * weights).sum() / weights.sum().clamp(min=1)
         loss = model_loss if fake.gen_loss is None else model_loss + self.gen_weight * fake.gen_loss
-        selected = fake.masked.selected[positions]
+        selected = fake.masked.selected.reshape(-1)  # a subset of the non-pad tokens
         with torch.no_grad():
             # The model's prediction: copy the input if D > 1/2, else the MLM argmax (accuracy at selected positions).
-            pred = torch.where(copy_logit > 0, fake.input_ids[positions], logits.argmax(-1))
+            pred = torch.where(copy_logit > 0, inputs, logits.argmax(-1))
         gen = self.generator_sums(fake, batch)
         sums = {
             "loss": ratio(loss, 1),
@@ -58,7 +60,7 @@ class AllTokensMLM(GeneratorObjective):
             "masked_lm_accuracy": ratio(((pred == targets) & selected).sum(), selected.sum()),
             "gen_masked_lm_accuracy": gen["masked_lm_accuracy"],
             "sampled_masked_lm_accuracy": gen["sampled_masked_lm_accuracy"],
-            "replaced_fraction": ratio(fake.replaced.sum(), positions.sum()),
+            "replaced_fraction": ratio(fake.replaced.sum(), weights.sum()),
         }
         if fake.gen_loss is not None:
             sums["gen_loss"] = ratio(fake.gen_loss, 1)

@@ -1,9 +1,11 @@
 """Pieces every pre-training objective shares: masking, sampling, the MLM and RTD losses, and the output type.
 
 Masking follows google-research/electra `pretrain_helpers.mask`: a fixed share of the non-special tokens of
-each sequence (round(mask_prob x n), at least 1) is selected; selected tokens become [MASK] with probability
-`mask_token_prob`, a uniformly random token with probability `random_token_prob`, and stay unchanged
-otherwise. Labels: -100 = ignored; discriminator 1 = replaced.
+each sequence (round(mask_prob x n), at least 1, at most `max_predictions_per_seq`) is selected; selected
+tokens become [MASK] with probability `mask_token_prob`, a uniformly random token with probability
+`random_token_prob`, and stay unchanged otherwise. Labels: -100 = ignored; discriminator 1 = replaced.
+Predictions are made in a fixed number of slots per sequence (objectives/positions.py), so no shape depends on
+the data and the step never waits on the device.
 
 Metrics are returned as (sum, count) pairs so the training system can add them up on the device over a
 logging window and divide once, with no host-device synchronisation per step.
@@ -21,6 +23,8 @@ from torch import nn
 
 from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.models.flops import Heads
+from electra_ablate.objectives import positions as slots
+from electra_ablate.objectives.positions import Positions
 
 
 IGNORE = -100
@@ -36,6 +40,8 @@ class Masked(NamedTuple):
     input_ids: torch.Tensor  # (B, T) corrupted input
     selected: torch.Tensor  # (B, T) bool: positions chosen for prediction
     labels: torch.Tensor  # (B, T) original id at selected positions, IGNORE elsewhere
+    positions: Positions  # (B, N) prediction slots: where, and which are used
+    targets: torch.Tensor  # (B, N) original id in each slot
 
 
 class ObjectiveOutput(NamedTuple):
@@ -43,11 +49,15 @@ class ObjectiveOutput(NamedTuple):
     sums: dict[str, torch.Tensor]  # name -> (2,) tensor [sum, count], detached
     disc_probs: torch.Tensor | None = None  # (N,) replaced-token probabilities, for disc_auc
     disc_labels: torch.Tensor | None = None  # (N,) 0/1 labels
+    disc_weights: torch.Tensor | None = None  # (N,) bool: which of the N count (None: all)
 
 
 def ratio(num: torch.Tensor, den: torch.Tensor | int | float) -> torch.Tensor:
     """A (2,) [sum, count] pair, detached and in fp32."""
-    den = torch.as_tensor(den, dtype=torch.float32, device=num.device)
+    if torch.is_tensor(den):
+        den = den.detach().to(device=num.device, dtype=torch.float32)
+    else:  # a fill on the device: copying a host number there would wait for the copy
+        den = torch.full((), float(den), device=num.device)
     return torch.stack([num.detach().float().sum(), den])
 
 
@@ -56,15 +66,10 @@ def maskable(input_ids: torch.Tensor, special: SpecialIds) -> torch.Tensor:
     return (input_ids != special.cls) & (input_ids != special.sep) & (input_ids != special.pad)
 
 
-def select_positions(candidates: torch.Tensor, mask_prob: float) -> torch.Tensor:
-    """Choose round(mask_prob x #candidates) (at least one) positions per row uniformly at random."""
-    n = candidates.sum(dim=1, keepdim=True)  # (B, 1)
-    k = torch.clamp(torch.round(n.float() * mask_prob), min=1).long()
-    k = torch.minimum(k, n)
-    scores = torch.rand(candidates.shape, device=candidates.device)
-    scores.masked_fill_(~candidates, 2.0)  # non-candidates sort last
-    rank = scores.argsort(dim=1).argsort(dim=1)  # (B, T) rank of each position
-    return rank < k
+def select_positions(candidates: torch.Tensor, mask_prob: float, max_predictions_per_seq: int | None = None) -> torch.Tensor:
+    """(B, T) bool: round(mask_prob x #candidates) (at least one) positions per row, uniformly at random."""
+    cap = slots.max_predictions(mask_prob, candidates.shape[1], max_predictions_per_seq)
+    return slots.selected(slots.choose(candidates, candidates, mask_prob, cap), candidates.shape[1])
 
 
 def mask_tokens(
@@ -74,8 +79,13 @@ def mask_tokens(
     mask_prob: float,
     mask_token_prob: float,
     random_token_prob: float,
+    max_predictions_per_seq: int | None = None,
+    position_sampling: str = "without_replacement",
 ) -> Masked:
-    selected = select_positions(maskable(input_ids, special), mask_prob)
+    cap = slots.max_predictions(mask_prob, input_ids.shape[1], max_predictions_per_seq)
+    chosen = slots.choose(maskable(input_ids, special), input_ids != special.pad, mask_prob, cap, position_sampling)
+    selected = slots.selected(chosen, input_ids.shape[1])
+    # Decisions per position over (B, T), as before slots existed: the same draws give the same corruption.
     r = torch.rand(input_ids.shape, device=input_ids.device)
     to_mask = selected & (r < mask_token_prob)
     to_random = selected & (r >= mask_token_prob) & (r < mask_token_prob + random_token_prob)
@@ -84,17 +94,23 @@ def mask_tokens(
         random_ids = torch.randint(0, vocab_size, input_ids.shape, device=input_ids.device)
         corrupted = torch.where(to_random, random_ids, corrupted)
     labels = input_ids.masked_fill(~selected, IGNORE)
-    return Masked(corrupted, selected, labels)
+    return Masked(corrupted, selected, labels, chosen, slots.gather(input_ids, chosen.index))
 
 
 @torch.no_grad()
-def sample_tokens(logits: torch.Tensor, temperature: float = 1.0, method: str = "gumbel") -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, temperature: float = 1.0, method: str = "gumbel", disallow: torch.Tensor | None = None
+) -> torch.Tensor:
     """Draw one token per row from softmax(logits / temperature), in fp32, with no gradient.
 
     `gumbel` is the reference's Gumbel-max (`pretrain_helpers.sample_from_softmax`): V uniforms per row.
     `inverse_cdf` draws the same distribution from one uniform per row (softmax, cumulative sum, search).
+    `disallow` (N,) ids: each row's id gets 1000 subtracted from its tempered logit, as the reference's
+    `disallow_correct` (run_pretraining.py `_get_fake_data`), so the original is (almost) never drawn.
     """
     logits = logits.float() / temperature  # (N, V)
+    if disallow is not None:
+        logits = logits.scatter_add(1, disallow[:, None], torch.full_like(logits[:, :1], -1000.0))
     if method == "gumbel":
         u = torch.rand_like(logits)
         return torch.argmax(logits - torch.log(-torch.log(u + 1e-9) + 1e-9), dim=-1)
@@ -105,9 +121,14 @@ def sample_tokens(logits: torch.Tensor, temperature: float = 1.0, method: str = 
     raise ValueError(f"unknown sampler {method!r}; valid: gumbel, inverse_cdf (runtime.sampler)")
 
 
-def mlm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the given (N, V) logits and (N,) targets, computed in fp32."""
-    return F.cross_entropy(logits.float(), targets)
+def mlm_loss(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the given (N, V) logits and (N,) targets, computed in fp32; with (N,) bool
+    `weights`, the mean over the rows they keep (reference `_get_masked_lm_output`: weighted sum / count)."""
+    if weights is None:
+        return F.cross_entropy(logits.float(), targets)
+    w = weights.float()
+    losses = F.cross_entropy(logits.float(), targets, reduction="none")
+    return (losses * w).sum() / w.sum().clamp(min=1.0)
 
 
 def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -166,10 +187,15 @@ class Objective(nn.Module):
         mask_token_prob: float = 0.85,
         random_token_prob: float = 0.0,
         sampler: str = "gumbel",
+        *,
+        max_predictions_per_seq: int | None = None,
+        position_sampling: str = "without_replacement",
     ):
         super().__init__()
         assert 0 < mask_prob < 1, f"mask_prob={mask_prob} must be in (0, 1)"
         assert 0 <= mask_token_prob + random_token_prob <= 1, "mask_token_prob + random_token_prob must be <= 1"
+        assert max_predictions_per_seq is None or max_predictions_per_seq >= 1, "max_predictions_per_seq must be >= 1"
+        assert position_sampling in slots.SAMPLING, f"position_sampling={position_sampling!r}; valid: {slots.SAMPLING}"
         self.name = name
         self.special = special
         self.vocab_size = vocab_size
@@ -177,11 +203,18 @@ class Objective(nn.Module):
         self.mask_token_prob = mask_token_prob
         self.random_token_prob = random_token_prob
         self.sampler = sampler
+        self.max_predictions_per_seq = max_predictions_per_seq
+        self.position_sampling = position_sampling
 
     def mask(self, batch: Batch) -> Masked:
         return mask_tokens(
-            batch.input_ids, self.special, self.vocab_size, self.mask_prob, self.mask_token_prob, self.random_token_prob
+            batch.input_ids, self.special, self.vocab_size, self.mask_prob, self.mask_token_prob, self.random_token_prob,
+            self.max_predictions_per_seq, self.position_sampling,
         )
+
+    def slot_logits(self, head, hidden: torch.Tensor, masked: Masked) -> torch.Tensor:
+        """(B x N, V) logits of `head` at the prediction slots of (B, T, H) `hidden`."""
+        return head(slots.flat(slots.gather(hidden, masked.positions.index)))
 
 
 class Fake(NamedTuple):
@@ -189,8 +222,8 @@ class Fake(NamedTuple):
 
     masked: Masked  # the generator's input and the selected positions
     gen_loss: torch.Tensor | None  # generator MLM loss at the selected positions (None: nothing to train)
-    gen_correct: torch.Tensor  # (N,) bool, generator argmax == original
-    sampled: torch.Tensor  # (N,) sampled ids at the selected positions, row-major
+    gen_correct: torch.Tensor  # (B x N,) bool, generator argmax == original, per slot (used or not)
+    sampled: torch.Tensor  # (B x N,) sampled ids per slot, row-major; `masked.positions.weights` says which count
     input_ids: torch.Tensor  # (B, T) the selected positions filled with samples
     replaced: torch.Tensor  # (B, T) bool, 1 only where the sample differs from the original
 
@@ -211,28 +244,39 @@ class GeneratorObjective(Objective):
         sampler: str = "gumbel",
         temperature: float = 1.0,
         gen_weight: float = 1.0,
+        *,
+        max_predictions_per_seq: int | None = None,
+        position_sampling: str = "without_replacement",
+        disallow_correct: bool = False,
     ):
-        super().__init__(name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler)
+        super().__init__(name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler,
+                         max_predictions_per_seq=max_predictions_per_seq, position_sampling=position_sampling)
         assert temperature > 0, f"temperature={temperature} must be > 0"
         self.temperature = temperature
         self.gen_weight = gen_weight
+        self.disallow_correct = disallow_correct
 
     def corrupt(self, batch: Batch, generator: nn.Module) -> Fake:
         masked = self.mask(batch)
-        targets = batch.input_ids[masked.selected]  # (N,)
-        logits = generator.masked_logits(masked.input_ids, batch.attention_mask, batch.token_type_ids, masked.selected)
-        gen_loss = mlm_loss(logits, targets) if generator.trainable else None
+        targets = slots.flat(masked.targets)  # (B x N,)
+        weights = slots.flat(masked.positions.weights)
+        # (B x N, V): the generator predicts at every slot; unused slots carry weight 0.
+        logits = generator.masked_logits(masked.input_ids, batch.attention_mask, batch.token_type_ids,
+                                         masked.positions.index)
+        gen_loss = mlm_loss(logits, targets, weights) if generator.trainable else None
         # Samples carry no gradient: the generator is trained by MLM only (paper section 2).
-        sampled = sample_tokens(logits.detach(), self.temperature, self.sampler)
-        fake_ids = batch.input_ids.masked_scatter(masked.selected, sampled)
+        disallow = targets if self.disallow_correct else None
+        sampled = sample_tokens(logits.detach(), self.temperature, self.sampler, disallow)
+        fake_ids = slots.scatter(batch.input_ids, masked.positions, sampled.view_as(masked.targets))
         # A sample equal to the original is labelled original (paper section 2; reference `_get_fake_data`).
         replaced = fake_ids != batch.input_ids
         return Fake(masked, gen_loss, logits.detach().argmax(-1) == targets, sampled, fake_ids, replaced)
 
     def generator_sums(self, fake: Fake, batch: Batch) -> dict[str, torch.Tensor]:
-        n = fake.sampled.numel()
-        targets = batch.input_ids[fake.masked.selected]
+        weights = slots.flat(fake.masked.positions.weights)
+        targets = slots.flat(fake.masked.targets)
+        n = weights.sum()
         return {
-            "masked_lm_accuracy": ratio(fake.gen_correct.sum(), n),
-            "sampled_masked_lm_accuracy": ratio((fake.sampled == targets).sum(), n),
+            "masked_lm_accuracy": ratio((fake.gen_correct & weights).sum(), n),
+            "sampled_masked_lm_accuracy": ratio(((fake.sampled == targets) & weights).sum(), n),
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import MASKED_FRACTION, Heads
+from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, mlm_loss, ratio
 
 
@@ -19,11 +20,11 @@ class Bert(Objective):
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         masked = self.mask(batch)
         hidden = nets.model(masked.input_ids, batch.attention_mask, batch.token_type_ids)
-        logits = nets.model.mlm_logits(hidden[masked.selected])  # (N, V): masked positions only
-        targets = batch.input_ids[masked.selected]
-        loss = mlm_loss(logits, targets)
-        correct = (logits.detach().argmax(-1) == targets).sum()
+        logits = self.slot_logits(nets.model.mlm_logits, hidden, masked)  # (B x N, V): prediction slots only
+        targets, weights = slots.flat(masked.targets), slots.flat(masked.positions.weights)
+        loss = mlm_loss(logits, targets, weights)
+        correct = ((logits.detach().argmax(-1) == targets) & weights).sum()
         return ObjectiveOutput(
             loss,
-            {"loss": ratio(loss, 1), "mlm_loss": ratio(loss, 1), "masked_lm_accuracy": ratio(correct, targets.numel())},
+            {"loss": ratio(loss, 1), "mlm_loss": ratio(loss, 1), "masked_lm_accuracy": ratio(correct, weights.sum())},
         )

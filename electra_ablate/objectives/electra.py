@@ -40,9 +40,15 @@ class Electra(GeneratorObjective):
         gen_weight: float = 1.0,
         disc_weight: float = 50.0,
         weighting: LossWeighting | None = None,
+        *,
+        max_predictions_per_seq: int | None = None,
+        position_sampling: str = "without_replacement",
+        disallow_correct: bool = False,
     ):
         super().__init__(
-            name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler, temperature, gen_weight
+            name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler, temperature, gen_weight,
+            max_predictions_per_seq=max_predictions_per_seq, position_sampling=position_sampling,
+            disallow_correct=disallow_correct,
         )
         if isinstance(disc_weight, str):
             raise ValueError(f"objective.disc_weight={disc_weight!r}: give a number (lambda; the paper uses 50); "
@@ -76,4 +82,6 @@ class Electra(GeneratorObjective):
         lam = self.weighting.lambda_now()
         if lam is not None:
             sums["disc_weight"] = ratio(lam, 1)
-        return ObjectiveOutput(loss, sums, torch.sigmoid(logits[weights].detach().float()), fake.replaced[weights])
+        # Every position, with its weight, for disc_auc: no data-dependent shape.
+        probs = torch.sigmoid(logits.detach().float()).reshape(-1)
+        return ObjectiveOutput(loss, sums, probs, fake.replaced.reshape(-1), weights.reshape(-1))

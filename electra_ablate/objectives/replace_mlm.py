@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import MASKED_FRACTION, Heads
+from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, mlm_loss, ratio
 
 
@@ -19,17 +20,16 @@ class ReplaceMLM(GeneratorObjective):
 
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
-        selected = fake.masked.selected
         hidden = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)
-        logits = nets.model.mlm_logits(hidden[selected])  # (N, V)
-        targets = batch.input_ids[selected]
-        model_loss = mlm_loss(logits, targets)
+        logits = self.slot_logits(nets.model.mlm_logits, hidden, fake.masked)  # (B x N, V)
+        targets, weights = slots.flat(fake.masked.targets), slots.flat(fake.masked.positions.weights)
+        model_loss = mlm_loss(logits, targets, weights)
         loss = model_loss if fake.gen_loss is None else model_loss + self.gen_weight * fake.gen_loss
         gen = self.generator_sums(fake, batch)
         sums = {
             "loss": ratio(loss, 1),
             "mlm_loss": ratio(model_loss, 1),
-            "masked_lm_accuracy": ratio((logits.detach().argmax(-1) == targets).sum(), targets.numel()),
+            "masked_lm_accuracy": ratio(((logits.detach().argmax(-1) == targets) & weights).sum(), weights.sum()),
             "gen_masked_lm_accuracy": gen["masked_lm_accuracy"],
             "sampled_masked_lm_accuracy": gen["sampled_masked_lm_accuracy"],
             "replaced_fraction": ratio(fake.replaced.sum(), batch.attention_mask.sum()),

@@ -164,7 +164,13 @@ def _legacy_weighting(container: dict) -> dict:
 # Keys added to a config group after run identities were first recorded, with the value that reproduces what
 # runs did before the key existed: identities leave such a key out while it has that value, so adding an
 # option never re-runs finished work, and choosing another value makes a new identity.
-NEW_KEY_DEFAULTS: dict[str, object] = {}
+NEW_KEY_DEFAULTS: dict[str, object] = {
+    # Masking options of the reference (pretrain_helpers.mask, configure_pretraining.py); these values reproduce
+    # the masking that runs had before the options existed.
+    "objective.max_predictions_per_seq": None,
+    "objective.position_sampling": "without_replacement",
+    "objective.disallow_correct": False,
+}
 
 
 def _drop_new_key_defaults(container: dict) -> dict:

@@ -8,6 +8,8 @@ import math
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from electra_ablate.objectives.positions import SAMPLING
+
 # The config groups whose `_target_` class carries its own constraints (`config_problems(cfg)`).
 AXES = ("objective", "generator", "sharing", "weighting", "algorithm")
 
@@ -81,6 +83,17 @@ def value_problems(cfg: DictConfig) -> list[str]:
     if len(probs) == 2 and all(_number(obj[k]) for k in probs) and obj.mask_token_prob + obj.random_token_prob > 1:
         out.append(f"objective.mask_token_prob + objective.random_token_prob = "
                    f"{obj.mask_token_prob + obj.random_token_prob} must be <= 1 (BERT: 0.8 + 0.1)")
+    if "max_predictions_per_seq" in obj:
+        cap = obj.max_predictions_per_seq
+        need(cap is None or (_integer(cap) and cap > 0), "objective.max_predictions_per_seq", cap,
+             "must be a positive integer, or null for the reference's int((mask_prob + 0.005) x max_seq_length)")
+    if "position_sampling" in obj:
+        need(obj.position_sampling in SAMPLING, "objective.position_sampling", obj.position_sampling,
+             f"must be one of {', '.join(SAMPLING)} (without_replacement: distinct positions; reference: draws with "
+             "replacement as pretrain_helpers.mask)")
+    if "disallow_correct" in obj:
+        need(isinstance(obj.disallow_correct, bool), "objective.disallow_correct", obj.disallow_correct,
+             "must be true or false (the reference: false)")
     if "temperature" in obj:
         need(_number(obj.temperature) and obj.temperature > 0, "objective.temperature", obj.temperature,
              "must be a positive number (1.0 samples the generator as is)")

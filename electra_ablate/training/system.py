@@ -19,10 +19,10 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 from torch import nn
-from torchmetrics.classification import BinaryAUROC
 
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
+from electra_ablate.training.auc import BinnedAUC
 from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
@@ -91,7 +91,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         # Set by the entry point: the checkpoint a diverged run can be inspected or resumed from.
         self.last_good_checkpoint: Callable[[], str | None] | None = None
         self.history: list[tuple[int, dict[str, float]]] = []
-        self.auroc = BinaryAUROC(thresholds=200)  # binned: fixed memory, updated on device
+        self.auroc = BinnedAUC(bins=200)  # binned: fixed memory, updated on device with no sync
         self._sums: dict[str, torch.Tensor] = {}
         self._tokens = 0
         self._window_start = time.perf_counter()
@@ -142,7 +142,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         for k, v in out.sums.items():
             self._sums[k] = self._sums[k] + v if k in self._sums else v
         if out.disc_probs is not None and out.disc_probs.numel():
-            self.auroc.update(out.disc_probs, out.disc_labels.long())
+            self.auroc.update(out.disc_probs, out.disc_labels, out.disc_weights)
         self._tokens += batch["input_ids"].numel()
 
     def fail_non_finite(self, value: float, step: int | None = None) -> None:
@@ -188,6 +188,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         if "train/loss" in metrics and self.device.type != "cpu":
             self.recent_losses.append((step, metrics["train/loss"]))
         if self.auroc.update_count:
+            self._reduce_auc()
             metrics["train/disc_auc"] = float(self.auroc.compute())
             self.auroc.reset()
         now = time.perf_counter()
@@ -198,6 +199,11 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         if self.metrics_sink is not None:
             self.metrics_sink(metrics, step)
         return metrics
+
+    def _reduce_auc(self) -> None:
+        """Under DDP, every rank's score histogram added up (a collective: every rank closes the same windows)."""
+        if self._trainer is not None and self.trainer.world_size > 1:
+            self.auroc.counts.copy_(self.trainer.strategy.reduce(self.auroc.counts, reduce_op="sum"))
 
     def window_metrics(self, step: int) -> dict[str, float]:
         """Values read once per window rather than averaged over its steps."""
@@ -215,6 +221,10 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
             names = sorted(self._sums)
             total = self.trainer.strategy.reduce(torch.stack([self._sums[k] for k in names]), reduce_op="sum")
             self._sums = {k: (total[i] if self.global_rank == 0 else torch.zeros_like(total[i])) for i, k in enumerate(names)}
+        if self.auroc.update_count and self.trainer.world_size > 1:
+            self._reduce_auc()
+            if self.global_rank > 0:
+                self.auroc.counts.zero_()
         # Masking, sampling and dropout draw from torch's generators only (the data order has its own seeded
         # permutation), so those are the states to carry; tensors keep the checkpoint loadable weights-only.
         checkpoint["rng"] = {
@@ -233,9 +243,11 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
             # process; the others restart from zero with the same names, for the reduction at the window's end.
             self._sums = {k: torch.zeros_like(v) for k, v in self._sums.items()}
             return
-        for k, v in checkpoint.get("auroc", {}).items():
-            setattr(self.auroc, k, v)
-        self.auroc._update_count = checkpoint.get("auroc_updates", 0)
+        saved = checkpoint.get("auroc", {})
+        if set(saved) == set(self.auroc.metric_state):  # a checkpoint of an older AUC metric starts a fresh window
+            for k, v in saved.items():
+                setattr(self.auroc, k, v)
+            self.auroc._update_count = checkpoint.get("auroc_updates", 0)
 
     def on_train_start(self) -> None:
         # Restored here, after everything that draws random numbers at start-up, right before the next batch.
