@@ -196,7 +196,7 @@ def test_pretraining_with_gdes_exports_a_plain_discriminator(tmp_path, pretrain_
     os.environ["HF_HUB_OFFLINE"] = "1"
     import transformers
 
-    from electra_ablate.hf import interop as hf
+    from electra_ablate.hf import exporting as hf
 
     written = hf.export_pretrained(final, tmp_path / "hf")
     disc, loading = transformers.ElectraForPreTraining.from_pretrained(written["discriminator"],
