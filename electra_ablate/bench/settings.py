@@ -60,10 +60,10 @@ PRECISIONS = (precision_lib.FP32, precision_lib.BF16)
 
 
 def default_precisions(device_type: str) -> tuple[str, ...]:
-    """bf16-mixed on CUDA; fp32 and bf16-mixed on a CPU with native bf16 (to show both); else fp32 only."""
-    if device_type == "cuda":
-        return (precision_lib.BF16,)
-    return PRECISIONS if precision_lib.cpu_has_fast_bf16() else (precision_lib.FP32,)
+    """What `runtime.precision=auto` resolves to on this device (bf16-mixed on CUDA and on a CPU with native bf16,
+    else fp32); on such a CPU fp32 as well, to show both."""
+    auto = precision_lib.resolve(precision_lib.AUTO, device_type)
+    return PRECISIONS if device_type == "cpu" and auto == precision_lib.BF16 else (auto,)
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
