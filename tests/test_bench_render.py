@@ -2,8 +2,7 @@
 
 The expected files in tests/fixtures/ were rendered by the benchmark as it was before measurement and rendering
 were split into modules (commit b3a6efb, `electra_ablate/bench/runner.py`), from the same measurements as below.
-Hermetic: no data, no timing, no transformers; the CPU's bf16 flags are pinned so `auto` resolves the same
-on every machine."""
+Hermetic: no data and no timing; the CPU's bf16 flags are pinned so `auto` resolves the same on every machine."""
 
 from __future__ import annotations
 

@@ -19,6 +19,11 @@ from hydra.utils import instantiate
 from electra_ablate.bench.builds import autocast, compose_config, encoder_configs, load_data, tokens
 from electra_ablate.bench.measure import interleaved, median, sync
 from electra_ablate.bench.settings import Report, Settings, log
+from electra_ablate.data.corpus import TextFiles, build_or_load_corpus
+from electra_ablate.data.pretraining import load_tokenizer
+from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
+                                        layerwise_param_groups)
 from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraModel
 
@@ -26,11 +31,6 @@ from electra_ablate.models.encoder import ElectraModel
 def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst2") -> None:
     """Fine-tuning examples/s: FinetuneSystem's forward and loss, backward, clipping, AdamW with layer-wise lrs,
     at each precision, with fast and with torch dropout masks (`runtime.fast_dropout`), all interleaved."""
-    from electra_ablate.glue import tasks as glue
-    from electra_ablate.data.pretraining import load_tokenizer
-    from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
-                                                layerwise_param_groups)
-
     cfg = compose_config(s, model)
     task = glue.get_task(task_name)
     batch_size = 32 if s.device.type == "cpu" else 128
@@ -120,8 +120,6 @@ def section_data(s: Settings, rep: Report, model: str) -> None:
 
 def section_build(s: Settings, rep: Report) -> None:
     """A cold corpus build (data=text_files): word pieces per second, wall clock and per CPU-second."""
-    from electra_ablate.data.corpus import TextFiles, build_or_load_corpus
-
     if s.build_paths:
         paths = list(s.build_paths)
     else:
