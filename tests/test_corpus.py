@@ -336,11 +336,11 @@ def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):
 
 
 def test_benchmark_reports_the_corpus_build(reference, tmp_path, data_dir):
-    from electra_ablate.bench import runner as bench
+    from electra_ablate.bench import cli
 
     path, ref = reference
     out = tmp_path / "bench.md"
-    rep = bench.main(["--quick", "--models", "tiny", "--sections", "build", "--seq-len", "64", "--build-workers", "2",
+    rep = cli.main(["--quick", "--models", "tiny", "--sections", "build", "--seq-len", "64", "--build-workers", "2",
                       "--build-paths", str(path), "--data-dir", str(data_dir), "--out", str(out)])
     (row,) = rep.build
     assert row["tokens"] == ref.meta["num_tokens"] and row["examples"] == ref.meta["num_examples"]
