@@ -161,7 +161,11 @@ def _legacy_weighting(container: dict) -> dict:
 # Keys added to a config group after run identities were first recorded, with the value that reproduces what
 # runs did before the key existed: identities leave such a key out while it has that value, so adding an
 # option never re-runs finished work, and choosing another value makes a new identity.
-NEW_KEY_DEFAULTS: dict[str, object] = {}
+NEW_KEY_DEFAULTS: dict[str, object] = {
+    "optim.bias_correction": True,  # pre-training's torch AdamW (the reference's update: false)
+    "finetune_optim.bias_correction": True,  # fine-tuning's torch AdamW ...
+    "finetune_optim.loss_reduction": "mean",  # ... on the batch-mean loss (the reference: false, sum)
+}
 
 
 def _drop_new_key_defaults(container: dict) -> dict:
