@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import pytorch_lightning as pl
 import torch
 from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
 
-from electra_ablate import finetune
+from electra_ablate import finetune, pretrain
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.system import FinetuneSystem, OptimSettings
 from electra_ablate.models.encoder import ElectraModel, EncoderConfig
@@ -211,3 +213,25 @@ def test_identities_leave_out_the_options_only_at_torch_adamw_values():
     hashes = {tracking.config_hash(ident(f"finetune_optim.bias_correction={b}", f"finetune_optim.loss_reduction={r}"))
               for b in ("true", "false") for r in ("sum", "mean")}
     assert len(hashes) == 4
+
+
+# --- pre-training ----------------------------------------------------------------------------------------
+
+
+class Optimizers(pl.Callback):
+    def on_train_end(self, trainer, pl_module):
+        self.optimizers = list(trainer.optimizers)
+
+
+@pytest.mark.parametrize("algorithm", ["joint", "adversarial"])  # one optimizer (Lightning's clip), two (manual)
+def test_pretraining_with_the_reference_update(tmp_path, pretrain_cfg, algorithm):
+    seen = Optimizers()
+    cfg = pretrain_cfg(tmp_path, f"algorithm={algorithm}", "optim.bias_correction=false", "trainer.max_steps=6", "optim.warmup_steps=2",
+                       "logger.log_every_n_steps=3", "runtime.fused_adam=true")
+    run_id = pretrain.train(cfg, callbacks=[seen])
+    assert seen.optimizers and all(type(o) is ReferenceAdam for o in seen.optimizers)
+    assert all(g["bias_correction"] is False and g["foreach"] is True for o in seen.optimizers for g in o.param_groups)
+    assert all(int(s["step"]) == 6 for o in seen.optimizers for s in o.state.values())  # every parameter stepped
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(run_id)
+    assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["train/loss"])
+    assert run.data.params["optim.bias_correction"] == "False"
