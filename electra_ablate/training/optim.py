@@ -2,8 +2,8 @@
 
 Reference (google-research/electra `model/optimization.py`): Adam with decoupled weight decay that skips
 LayerNorm and bias parameters, a linear warmup and a linear decay to zero. The reference optimizer has no
-bias correction (`reference_adam.ReferenceAdam`); `bias_correction=True` keeps torch's AdamW (and its fused
-kernel), the update pre-training used before the option existed.
+bias correction (`reference_adam.ReferenceAdam`); `bias_correction=True` keeps torch's AdamW, the update
+pre-training used before the option existed.
 """
 
 from __future__ import annotations
@@ -43,14 +43,12 @@ def adam(
     fused: bool | None = None,
     bias_correction: bool = True,
 ) -> torch.optim.Optimizer:
-    """Adam with decoupled weight decay over param groups that carry their own `weight_decay` (and lr).
-
-    bias_correction=False is the reference's update (`ReferenceAdam`); it has no fused kernel, so `fused`
-    picks its multi-tensor (foreach) path instead. bias_correction=True is torch's AdamW, fused if asked.
-    """
+    """Adam with decoupled weight decay over param groups that carry their own `weight_decay` (and lr), on
+    torch's fused kernel if `fused`: the reference's update (`ReferenceAdam`) for bias_correction=False,
+    torch's AdamW for True."""
     if bias_correction:
         return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
-    return ReferenceAdam(groups, lr=lr, betas=tuple(betas), eps=eps, bias_correction=False, foreach=fused)
+    return ReferenceAdam(groups, lr=lr, betas=tuple(betas), eps=eps, bias_correction=False, fused=fused)
 
 
 def adamw(
