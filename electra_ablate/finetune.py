@@ -253,6 +253,12 @@ def validate(cfg: DictConfig) -> None:
                             "the steps spent warming up (the paper: 0.1)")
     if not (isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0 and math.isfinite(o.max_grad_norm)):
         raise FinetuneError(f"finetune_optim.max_grad_norm={o.max_grad_norm!r} must be a positive number (the paper: 1.0)")
+    if not isinstance(o.bias_correction, bool):
+        raise FinetuneError(f"finetune_optim.bias_correction={o.bias_correction!r} must be true or false (false: the "
+                            "reference's Adam, model/optimization.py; true: torch's AdamW)")
+    if o.loss_reduction not in ("sum", "mean"):
+        raise FinetuneError(f"finetune_optim.loss_reduction={o.loss_reduction!r} must be sum (the reference "
+                            "run_finetuning.py sums the per-example losses over the batch) or mean")
     for key in ("hidden", "attention", "classifier"):
         value = cfg.dropout[key]
         if not (isinstance(value, (int, float)) and 0 <= value < 1):
@@ -346,6 +352,8 @@ def protocol(cfg: DictConfig, pretrained: Pretrained) -> OptimSettings:
         weight_decay=float(o.weight_decay),
         warmup_fraction=float(o.warmup_fraction),
         fused=None if cfg.runtime.fused_adam == "auto" else bool(cfg.runtime.fused_adam),
+        bias_correction=bool(o.bias_correction),
+        loss_reduction=str(o.loss_reduction),
     )
 
 
@@ -428,6 +436,9 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
     params = tracking.flatten(ident)
     params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
                    "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
+                   # Always shown, though the identity leaves them out at torch AdamW's values (true, mean).
+                   "finetune_optim.bias_correction": str(optim.bias_correction),
+                   "finetune_optim.loss_reduction": optim.loss_reduction,
                    "resolved.train_examples": str(len(features["train"])),
                    "runtime.resolved_precision": precision(cfg),
                    tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity

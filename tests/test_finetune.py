@@ -113,6 +113,8 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     # Protocol defaults for a small model (paper Table 7), and the first 64 training rows.
     assert (params["resolved.size"], params["resolved.lr"], params["resolved.layerwise_lr_decay"],
             params["resolved.train_examples"]) == ("small", "0.0003", "0.8", "64")
+    # The reference's update and loss (model/optimization.py, run_finetuning.py), recorded with every run.
+    assert (params["finetune_optim.bias_correction"], params["finetune_optim.loss_reduction"]) == ("False", "sum")
 
     history = client.get_metric_history(run.info.run_id, "dev/accuracy")
     assert [m.step for m in history] == [1, 2]
@@ -425,15 +427,17 @@ def test_a_failure_during_training_marks_the_run_failed(store, tmp_path, monkeyp
     assert [r.info.status for r in runs_of(client, exp + "-keep-going")] == ["FAILED"]
 
 
-def test_bf16_mixed_with_fused_adamw_fine_tunes(store, tmp_path):
+@pytest.mark.parametrize("bias_correction", ["true", "false"], ids=["adamw", "reference"])
+def test_bf16_mixed_with_fused_adamw_fine_tunes(store, tmp_path, bias_correction):
     """The GPU defaults (bf16-mixed + fused AdamW, clip 1.0): Lightning's plugin refuses to clip for a fused
-    optimizer; FinetuneSystem clips by global norm itself (FusedClipping), so the run finishes."""
+    optimizer; FinetuneSystem clips by global norm itself (FusedClipping), so the run finishes. The reference's
+    update (the default) runs on the same fused kernel."""
     client, uri = store
-    exp = "bf16-fused"
+    exp = f"bf16-fused-{bias_correction}"
     ckpt = save_tiny(tmp_path / "pre", model_name="tiny")
     cfg = config(tmp_path, uri, exp, f"pretrained={ckpt}", "task=rte", "task.epochs=1", "runtime.precision=bf16-mixed",
                  "runtime.fused_adam=true", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8",
-                 "glue_data.batch_size=8")
+                 "glue_data.batch_size=8", f"finetune_optim.bias_correction={bias_correction}")
     finetune.run(cfg)
     (run,) = runs_of(client, exp)
     assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["final/score"])

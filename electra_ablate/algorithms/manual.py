@@ -55,13 +55,14 @@ class ManualSystem(PretrainSystem):
     # --- optimisation helpers -----------------------------------------------------------------------------
     def adamw_over(
         self, modules: Iterable[nn.Module | None], exclude: Iterable[nn.Parameter] = ()
-    ) -> torch.optim.AdamW:
-        """AdamW over the modules' trainable parameters (each once; no decay on LayerNorm and bias), leaving
+    ) -> torch.optim.Optimizer:
+        """Adam (optim.bias_correction) over the modules' trainable parameters (each once; no decay on LayerNorm and bias), leaving
         out `exclude`: parameters another optimizer owns, such as embeddings shared with the discriminator."""
         skip = {id(p) for p in exclude}
         params = [(n, p) for n, p in unique_parameters(modules) if id(p) not in skip]
         fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
-        return adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused)
+        return adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
+                     bias_correction=self.bias_correction)
 
     def schedule(self, optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
         """Linear warmup over `warmup_steps`, then linear decay to zero after `steps` updates of `optimizer`."""

@@ -5,7 +5,8 @@ dropout (rate 0.1) and one linear layer on the final hidden state of [CLS], with
 `get_pooled_output` is `sequence_output[:, 0]`); STS-B gets a one-output regression head trained with squared
 error on the score divided by 5, as the reference normalises it. Optimisation follows paper Table 7 and the
 reference `model/optimization.py`: Adam (eps 1e-6) with layer-wise learning-rate decay, 10% linear warmup,
-linear decay, gradient clipping at 1.0. Batches are padded to their longest sequence, optionally drawn from
+linear decay, gradient clipping at 1.0; by default the reference's update (no bias correction) on the
+per-example losses summed over the batch, as reference run_finetuning.py builds its loss. Batches are padded to their longest sequence, optionally drawn from
 length buckets; evaluation batches are sorted by length and predictions put back in row order.
 """
 
@@ -28,7 +29,7 @@ from electra_ablate.glue.features import Features
 from electra_ablate.glue.metrics import compute_metrics
 from electra_ablate.glue.tasks import TaskSpec
 from electra_ablate.models.encoder import ElectraModel
-from electra_ablate.training.optim import linear_warmup_decay, no_decay
+from electra_ablate.training.optim import adam, linear_warmup_decay, no_decay
 from electra_ablate.training.system import FusedClipping
 
 # --- layer-wise learning rates -------------------------------------------------------------------------
@@ -91,6 +92,11 @@ class OptimSettings(NamedTuple):
     weight_decay: float
     warmup_fraction: float
     fused: bool | None = None
+    # The reference's update (model/optimization.py AdamWeightDecayOptimizer has no bias correction) and loss
+    # (run_finetuning.py sums the per-example losses over the batch); True and "mean" are torch's AdamW on the
+    # batch-mean loss.
+    bias_correction: bool = False
+    loss_reduction: str = "sum"  # sum | mean
 
 
 # --- the system ----------------------------------------------------------------------------------------
@@ -151,17 +157,28 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
         out = self.head(hidden[:, 0])  # (B, C)
         return out.squeeze(-1) if self.task.is_regression else out  # (B,) for regression
 
-    def loss(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def example_losses(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """(B,) per-example losses: cross-entropy, or squared error on the scaled score."""
         if self.task.is_regression:
-            return F.mse_loss(out.float(), labels / self._score_scale)
-        return F.cross_entropy(out.float(), labels)
+            return F.mse_loss(out.float(), labels / self._score_scale, reduction="none")
+        return F.cross_entropy(out.float(), labels, reduction="none")
+
+    def reduce(self, losses: torch.Tensor) -> torch.Tensor:
+        # "sum": the reference's loss, whose gradient is batch size times the mean's; clipping at
+        # max_grad_norm then acts on that summed gradient, as the reference clips after the reduction.
+        return losses.sum() if self.optim.loss_reduction == "sum" else losses.mean()
+
+    def loss(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch (finetune_optim.loss_reduction)."""
+        return self.reduce(self.example_losses(out, labels))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        loss = self.loss(out, batch["labels"])
-        self._loss_sum = self._loss_sum.to(loss.device) + loss.detach()
+        losses = self.example_losses(out, batch["labels"])  # (B,)
+        # train/loss is the per-example mean whatever the reduction, so it reads the same across settings.
+        self._loss_sum = self._loss_sum.to(losses.device) + losses.detach().mean()
         self._loss_count += 1
-        return loss
+        return self.reduce(losses)
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         step = self.global_step
@@ -217,7 +234,7 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
             o.weight_decay,
         )
         fused = o.fused if o.fused is not None else self.device.type == "cuda"
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps, fused=fused)
+        optimizer = adam(groups, o.lr, o.betas, o.eps, fused=fused, bias_correction=o.bias_correction)
         total = int(self.trainer.estimated_stepping_batches)
         warmup = int(round(o.warmup_fraction * total))  # paper Table 7: warmup fraction 0.1
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(warmup, total))

@@ -170,6 +170,9 @@ NEW_KEY_DEFAULTS: dict[str, object] = {
     "objective.max_predictions_per_seq": None,
     "objective.position_sampling": "without_replacement",
     "objective.disallow_correct": False,
+    "optim.bias_correction": True,  # pre-training's torch AdamW (the reference's update: false)
+    "finetune_optim.bias_correction": True,  # fine-tuning's torch AdamW ...
+    "finetune_optim.loss_reduction": "mean",  # ... on the batch-mean loss (the reference: false, sum)
 }
 
 

@@ -89,6 +89,7 @@ def system(cfg: DictConfig, model, generator, objective) -> pl.LightningModule:
         max_steps=cfg.trainer.max_steps,
         log_every_n_steps=cfg.logger.log_every_n_steps,
         fused_adam=None if cfg.runtime.fused_adam == "auto" else bool(cfg.runtime.fused_adam),
+        bias_correction=cfg.optim.bias_correction,
         _recursive_=False,
     )
 

@@ -44,6 +44,8 @@ def value_problems(cfg: DictConfig) -> list[str]:
          "must be a number >= 0 (the paper: 0.01)")
     need(_number(o.max_grad_norm) and o.max_grad_norm > 0, "optim.max_grad_norm", o.max_grad_norm,
          "must be a positive number (the reference clips at 1.0)")
+    need(isinstance(o.bias_correction, bool), "optim.bias_correction", o.bias_correction,
+         "must be true (torch's AdamW) or false (the reference's update, model/optimization.py)")
     need(len(o.betas) == 2 and all(_number(b) and 0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas),
          "must be two numbers in [0, 1) (the paper: [0.9, 0.999])")
     need(_integer(t.max_steps) and t.max_steps > 0, "trainer.max_steps", t.max_steps, "must be a positive number of steps")

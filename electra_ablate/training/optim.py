@@ -2,8 +2,8 @@
 
 Reference (google-research/electra `model/optimization.py`): Adam with decoupled weight decay that skips
 LayerNorm and bias parameters, a linear warmup and a linear decay to zero. The reference optimizer has no
-bias correction; torch's AdamW has it, which only matters in the first few hundred steps (after warmup has
-barely begun), so we keep the well-tested torch implementation.
+bias correction (`reference_adam.ReferenceAdam`); `bias_correction=True` keeps torch's AdamW, the update
+pre-training used before the option existed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+
+from electra_ablate.training.reference_adam import ReferenceAdam
 
 
 def unique_parameters(modules: Iterable[nn.Module | None]) -> list[tuple[str, nn.Parameter]]:
@@ -33,6 +35,22 @@ def no_decay(name: str) -> bool:
     return "LayerNorm" in name or "layer_norm" in name or name.endswith("bias")
 
 
+def adam(
+    groups: list[dict],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    fused: bool | None = None,
+    bias_correction: bool = True,
+) -> torch.optim.Optimizer:
+    """Adam with decoupled weight decay over param groups that carry their own `weight_decay` (and lr), on
+    torch's fused kernel if `fused`: the reference's update (`ReferenceAdam`) for bias_correction=False,
+    torch's AdamW for True."""
+    if bias_correction:
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    return ReferenceAdam(groups, lr=lr, betas=tuple(betas), eps=eps, bias_correction=False, fused=fused)
+
+
 def adamw(
     named_params: list[tuple[str, nn.Parameter]],
     lr: float,
@@ -40,13 +58,14 @@ def adamw(
     eps: float,
     weight_decay: float,
     fused: bool | None = None,
-) -> torch.optim.AdamW:
+    bias_correction: bool = True,
+) -> torch.optim.Optimizer:
     groups = [
         {"params": [p for n, p in named_params if not no_decay(n)], "weight_decay": weight_decay},
         {"params": [p for n, p in named_params if no_decay(n)], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    return adam(groups, lr, betas, eps, fused=fused, bias_correction=bias_correction)
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):

@@ -63,6 +63,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         log_every_n_steps: int = 50,
         flops_per_step: float = 0.0,
         fused_adam: bool | None = None,
+        bias_correction: bool = True,
     ):
         super().__init__()
         self.algorithm = name
@@ -81,6 +82,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         # Training FLOPs per step of each stage of flops.STAGES, for algorithms whose steps differ (two-stage).
         self.stage_flops: dict[str, float] = {}
         self.fused_adam = fused_adam
+        # False: the reference's update (model/optimization.py, no bias correction); True: torch's AdamW.
+        self.bias_correction = bias_correction
         # Where finished log windows go: (metrics, step) -> None. Set by the entry point (MLflow).
         self.metrics_sink: Callable[[dict[str, float], int], None] | None = None
         # Called after every checkpoint's metrics are closed: sends them to the store, so a resumed run has
@@ -123,7 +126,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def configure_optimizers(self):
         params = unique_parameters([self.model, self.generator, self.objective])
         fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
-        optimizer = adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused)
+        optimizer = adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
+                          bias_correction=self.bias_correction)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(self.warmup_steps, self.max_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
