@@ -114,7 +114,10 @@ class ClassificationHead(nn.Module):
         nn.init.zeros_(self.dense.bias)
 
     def forward(self, cls: torch.Tensor) -> torch.Tensor:
-        return self.dense(self.dropout(cls))  # (B, num_outputs)
+        # In fp32 under bf16-mixed too: a bf16 output keeps ~3 significant digits, which ties nearby STS-B
+        # scores (Spearman counts ties) and can make every prediction of a barely trained model equal.
+        with torch.autocast(cls.device.type, enabled=False):
+            return self.dense(self.dropout(cls.float()))  # (B, num_outputs)
 
 
 class FinetuneSystem(FusedClipping, pl.LightningModule):
