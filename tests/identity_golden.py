@@ -11,7 +11,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from electra_ablate import finetune
+from electra_ablate.training import finetune_source
+from electra_ablate.training import finetuning
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.sweep.compose import FINETUNE_GROUP, compose_session, make_context
 from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
@@ -46,9 +47,9 @@ def current_identities(tmp: Path) -> dict[str, str]:
                     task = ctx.spec.tasks[0]
                     cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}",
                                                 f"task={task}", "seed=0"])
-                    (name, task_cfg), = [t for t in finetune.selected_tasks(cfg)]
-                    spec = finetune.normalise_spec(cfg.pretrained)
-                    ident = finetune.run_identity(cfg, task_cfg, spec)
+                    (name, task_cfg), = [t for t in finetuning.selected_tasks(cfg)]
+                    spec = finetune_source.normalise_spec(cfg.pretrained)
+                    ident = finetuning.run_identity(cfg, task_cfg, spec)
                     out[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.config_hash(ident)
     return out
 

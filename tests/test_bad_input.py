@@ -11,7 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from electra_ablate import export, finetune, pretrain
+from electra_ablate import export, pretrain
+from electra_ablate.training import finetune_source
+from electra_ablate.training import finetuning
 from electra_ablate.common import cli
 from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep.compose import make_context, validate
@@ -205,8 +207,8 @@ FINETUNE_VALUES = {
 @pytest.mark.parametrize("overrides, message", FINETUNE_VALUES.values(), ids=FINETUNE_VALUES.keys())
 def test_finetuning_values(tmp_path, data_dir, overrides, message):
     cfg = finetune_cfg(tmp_path, data_dir, *overrides)
-    with pytest.raises(finetune.FinetuneError, match=message):
-        finetune.run(cfg)
+    with pytest.raises(finetune_source.FinetuneError, match=message):
+        finetuning.run(cfg)
     assert not (tmp_path / "mlflow.db").exists()  # stopped before the store was opened
 
 
@@ -253,7 +255,7 @@ def test_finetuning_glue_files(tmp_path, data_dir, template_store, make):
     shutil.copyfile(template_store, tmp_path / "mlflow.db")
     cfg = finetune_cfg(tmp_path, data_dir, f"glue_data.dir={root}")
     with pytest.raises(glue.GlueDataError, match=message):
-        finetune.run(cfg)
+        finetuning.run(cfg)
     assert runs_recorded(f"sqlite:///{tmp_path}/mlflow.db") == 0
 
 
@@ -266,16 +268,16 @@ def test_finetuning_checkpoint_whose_vocabulary_does_not_match(tmp_path, data_di
     ckpt = save_pretrained(tmp_path / "ckpt", ElectraForPretraining(config, disc_head=True), vocab, {})
     shutil.copyfile(template_store, tmp_path / "mlflow.db")
     cfg = finetune_cfg(tmp_path, data_dir, f"pretrained={ckpt}")
-    with pytest.raises(finetune.FinetuneError, match=r"vocab_size=60 but its vocabulary .*has 50 entries; fine-tune with the vocab.txt"):
-        finetune.run(cfg)
+    with pytest.raises(finetune_source.FinetuneError, match=r"vocab_size=60 but its vocabulary .*has 50 entries; fine-tune with the vocab.txt"):
+        finetuning.run(cfg)
     assert runs_recorded(f"sqlite:///{tmp_path}/mlflow.db") == 0
 
 
 def test_finetuning_missing_checkpoint_directory(tmp_path, data_dir, template_store):
     shutil.copyfile(template_store, tmp_path / "mlflow.db")
     cfg = finetune_cfg(tmp_path, data_dir, f"pretrained={tmp_path}/gone")
-    with pytest.raises(finetune.FinetuneError, match=r"is neither a directory, an MLflow run id"):
-        finetune.run(cfg)
+    with pytest.raises(finetune_source.FinetuneError, match=r"is neither a directory, an MLflow run id"):
+        finetuning.run(cfg)
     assert runs_recorded(f"sqlite:///{tmp_path}/mlflow.db") == 0
 
 

@@ -20,6 +20,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
 from electra_ablate import finetune
+from electra_ablate.training import finetune_source
+from electra_ablate.training import finetuning
 from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.tracking import runs as tracking
@@ -99,7 +101,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
 
     cfg = config(tmp_path, uri, exp, f"pretrained={pre.run_id}", "task=sst2", "seed=3", "task.epochs=2",
                  "glue_data.max_train_examples=64", "glue_data.max_eval_examples=48", "glue_data.batch_size=16")
-    score = finetune.run(cfg)
+    score = finetuning.run(cfg)
 
     (run,) = [r for r in runs_of(client, exp) if r.data.tags["kind"] == "finetune"]
     tags, metrics, params = run.data.tags, run.data.metrics, run.data.params
@@ -109,7 +111,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
         "kind": "finetune", "task": "sst2", "seed": "3", "pretrain_run_id": pre.run_id,
         "mlflow.parentRunId": pre.run_id, "pretrained_step": "200", "sweep": "table5", "variant": "electra",
         "model": "tiny"}
-    assert tags["config_hash"] == tracking.config_hash(finetune.run_identity(cfg, cfg.task, pre.run_id))
+    assert tags["config_hash"] == tracking.config_hash(finetuning.run_identity(cfg, cfg.task, pre.run_id))
     # Protocol defaults for a small model (paper Table 7), and the first 64 training rows.
     assert (params["resolved.size"], params["resolved.lr"], params["resolved.layerwise_lr_decay"],
             params["resolved.train_examples"]) == ("small", "0.0003", "0.8", "64")
@@ -135,7 +137,7 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
 
     # Skip-if-done: the same config again trains nothing and returns the stored result ...
     monkeypatch.setattr(finetune, "train_task", lambda *a, **k: pytest.fail("trained a finished run again"))
-    assert finetune.run(cfg) == score
+    assert finetuning.run(cfg) == score
     assert "already done in FINISHED run " + run.info.run_id in capsys.readouterr().out
     # ... and so does task=glue for its SST-2 member (a member hashes like task=sst2).
     only_sst2 = tmp_path / "glue_sst2"
@@ -145,13 +147,13 @@ def test_finetune_from_a_pretraining_run_records_everything_and_is_not_repeated(
     glue_cfg = config(tmp_path, uri, exp, f"pretrained={pre.run_id}", "task=glue", "seed=3", "task.members.sst2.epochs=2",
                       "glue_data.max_train_examples=64", "glue_data.max_eval_examples=48", "glue_data.batch_size=16",
                       f"glue_data.dir={only_sst2}")
-    assert finetune.run(glue_cfg) == pytest.approx(score)
+    assert finetuning.run(glue_cfg) == pytest.approx(score)
     assert len(runs_of(client, exp)) == 2  # the pre-training run and one fine-tuning run
 
     # The intermediate checkpoints of the same run are reachable by step.
-    assert finetune.checkpoint_of_run(client, pre.run_id, 100) == step100
-    with pytest.raises(finetune.FinetuneError, match=r"pretrained_step=50: run .* has no checkpoint at that step; it has steps \[100, 200\]"):
-        finetune.checkpoint_of_run(client, pre.run_id, 50)
+    assert finetune_source.checkpoint_of_run(client, pre.run_id, 100) == step100
+    with pytest.raises(finetune_source.FinetuneError, match=r"pretrained_step=50: run .* has no checkpoint at that step; it has steps \[100, 200\]"):
+        finetune_source.checkpoint_of_run(client, pre.run_id, 50)
 
 
 def test_glue_from_random_init_runs_each_available_task(store, tmp_path):
@@ -162,7 +164,7 @@ def test_glue_from_random_init_runs_each_available_task(store, tmp_path):
     cfg = config(tmp_path, uri, exp, "pretrained=none", "task=glue", f"glue_data.dir={glue_dir}", "glue_data.batch_size=4",
                  "task.members.mnli.epochs=1", "task.members.stsb.epochs=5", "trainer.max_steps=3",
                  "logger.log_every_n_steps=1", *TINY_MODEL)
-    score = finetune.run(cfg)
+    score = finetuning.run(cfg)
 
     runs = {r.data.tags["task"]: r for r in runs_of(client, exp)}
     assert set(runs) == {"mnli", "stsb"} and all(r.info.status == "FINISHED" for r in runs.values())
@@ -193,11 +195,11 @@ def test_random_init_takes_shape_and_vocabulary_from_the_checkpoint_and_fresh_we
         run.set_tags({"checkpoint_path": str(final)})
         run.finish()
         pre[seed] = run.run_id
-    saved, _ = finetune.load_pretrained(tmp_path / "pre0" / "final")
+    saved, _ = finetune_source.load_pretrained(tmp_path / "pre0" / "final")
 
     def encoder(seed: int, run_id: str, random_init: bool):
         cfg = config(tmp_path, uri, exp, f"pretrained={run_id}", f"random_init={random_init}", f"seed={seed}")
-        pretrained = finetune.resolve_pretrained(cfg, client)
+        pretrained = finetune_source.resolve_pretrained(cfg, client)
         assert pretrained.config.vocab_size == TINY.vocab_size and pretrained.vocab_file.parent.name == "final"
         return pretrained.make_encoder().state_dict()
 
@@ -216,14 +218,14 @@ def test_random_init_takes_shape_and_vocabulary_from_the_checkpoint_and_fresh_we
 
     # A run: its own identity, tagged, not nested under the pre-training run whose weights it does not use.
     overrides = ["task=rte", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=16", "task.epochs=1"]
-    finetune.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", "random_init=true", *overrides))
-    finetune.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", *overrides))
+    finetuning.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", "random_init=true", *overrides))
+    finetuning.run(config(tmp_path, uri, exp, f"pretrained={pre[0]}", *overrides))
     ft = {r.data.tags["random_init"]: r for r in runs_of(client, exp) if r.data.tags["kind"] == "finetune"}
     assert set(ft) == {"true", "false"} and ft["true"].data.tags["config_hash"] != ft["false"].data.tags["config_hash"]
     assert "mlflow.parentRunId" not in ft["true"].data.tags and ft["false"].data.tags["mlflow.parentRunId"] == pre[0]
     assert ft["true"].data.tags["pretrain_run_id"] == pre[0]
-    with pytest.raises(finetune.FinetuneError, match="random_init=true takes its architecture"):
-        finetune.run(config(tmp_path, uri, exp, "pretrained=none", "random_init=true", *overrides))
+    with pytest.raises(finetune_source.FinetuneError, match="random_init=true takes its architecture"):
+        finetuning.run(config(tmp_path, uri, exp, "pretrained=none", "random_init=true", *overrides))
 
 
 # --- layer-wise learning rates and the protocol ---------------------------------------------------------
@@ -278,14 +280,14 @@ def test_layerwise_groups_reject_unknown_parameters():
 def test_protocol_defaults_follow_model_size(store, tmp_path):
     _, uri = store
     cfg = config(tmp_path, uri, "protocol")
-    blank = finetune.Pretrained(*[None] * len(finetune.Pretrained._fields))
+    blank = finetune_source.Pretrained(*[None] * len(finetune_source.Pretrained._fields))
     for size, lr, decay in [("small", 3e-4, 0.8), ("base", 1e-4, 0.8), ("large", 5e-5, 0.9)]:
-        p = finetune.protocol(cfg, blank._replace(size=size))
+        p = finetuning.protocol(cfg, blank._replace(size=size))
         assert (p.lr, p.layerwise_lr_decay, p.eps, p.weight_decay, p.warmup_fraction, p.reference_off_by_one) == (
             lr, decay, 1e-6, 0.0, 0.1, True)
     cfg = config(tmp_path, uri, "protocol", "finetune_optim.lr=2e-5", "finetune_optim.layerwise_lr_decay=1.0")
-    assert finetune.protocol(cfg, blank._replace(size="large"))[:2] == (2e-5, 1.0)
-    assert [finetune.size_name(n, h) for n, h in [("tiny", 128), (None, 256), (None, 768), (None, 1024), ("base", 256)]] == [
+    assert finetuning.protocol(cfg, blank._replace(size="large"))[:2] == (2e-5, 1.0)
+    assert [finetune_source.size_name(n, h) for n, h in [("tiny", 128), (None, 256), (None, 768), (None, 1024), ("base", 256)]] == [
         "small", "small", "base", "large", "base"]
     epochs = {t: config(tmp_path, uri, "protocol", f"task={t}").task.epochs for t in glue.TASKS}
     assert epochs == {t: 10 if t in ("rte", "stsb") else 3 for t in glue.TASKS}
@@ -300,7 +302,7 @@ def test_directory_checkpoint_loads_the_encoder_with_finetuning_dropout(store, t
     client, uri = store
     directory = save_tiny(tmp_path / "ckpt", run_id="0" * 32, step=7)
     cfg = config(tmp_path, uri, "dir", f"pretrained={directory}", "dropout.hidden=0.2")
-    p = finetune.resolve_pretrained(cfg, client)
+    p = finetune_source.resolve_pretrained(cfg, client)
     saved = torch.load(directory / "model.pt")
     encoder = p.make_encoder()
     for k, v in encoder.state_dict().items():
@@ -324,11 +326,11 @@ def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, mo
     fake.import_pretrained = lambda spec, cache_dir=None: calls.append(spec) or (net, {"model_name": "base", "do_lower_case": False}, VOCAB)
     monkeypatch.setitem(sys.modules, "electra_ablate.hf.importing", fake)
     cfg = config(tmp_path, uri, "hf", "pretrained=hf:google/electra-small-discriminator")
-    p = finetune.resolve_pretrained(cfg, client)
+    p = finetune_source.resolve_pretrained(cfg, client)
     assert calls == ["google/electra-small-discriminator"]
     assert (p.spec, p.run_id, p.size, p.vocab_file) == ("hf:google/electra-small-discriminator", None, "base", VOCAB)
-    assert finetune.lowercase(cfg, p) is False  # the checkpoint's tokenizer is cased
-    assert finetune.lowercase(config(tmp_path, uri, "hf", "glue_data.lowercase=true"), p) is True
+    assert finetuning.lowercase(cfg, p) is False  # the checkpoint's tokenizer is cased
+    assert finetuning.lowercase(config(tmp_path, uri, "hf", "glue_data.lowercase=true"), p) is True
     torch.testing.assert_close(p.make_encoder().state_dict(), net.electra.state_dict())
 
 
@@ -360,7 +362,7 @@ def test_bad_data_fails_before_any_run_is_recorded(store, tmp_path, case):
     exp = f"bad-{case}"
     cfg = config(tmp_path, uri, exp, "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}", *TINY_MODEL)
     with pytest.raises(glue.GlueDataError, match=messages[case]):
-        finetune.run(cfg)
+        finetuning.run(cfg)
     assert runs_of(client, exp) == []
 
 
@@ -368,7 +370,7 @@ def test_task_glue_without_any_data_says_where_it_looked(store, tmp_path):
     client, uri = store
     cfg = config(tmp_path, uri, "bad-glue", "task=glue", f"glue_data.dir={tmp_path}/nowhere")
     with pytest.raises(glue.GlueDataError, match=r"task=glue: no GLUE task has its train and dev files under glue_data.dir=.*/nowhere"):
-        finetune.run(cfg)
+        finetuning.run(cfg)
     assert runs_of(client, "bad-glue") == []
 
 
@@ -394,8 +396,8 @@ def test_bad_checkpoints_fail_before_any_run_is_recorded(store, tmp_path, case):
     }
     exp = f"bad-{case}"
     cfg = config(tmp_path, uri, exp, "task=rte", f"glue_data.dir={glue_dir}", *overrides)
-    with pytest.raises(finetune.FinetuneError, match=messages[case]):
-        finetune.run(cfg)
+    with pytest.raises(finetune_source.FinetuneError, match=messages[case]):
+        finetuning.run(cfg)
     assert runs_of(client, exp) == []
 
 
@@ -417,13 +419,13 @@ def test_a_failure_during_training_marks_the_run_failed(store, tmp_path, monkeyp
     monkeypatch.setattr(FinetuneSystem, "training_step", boom)
     cfg = config(tmp_path, uri, exp, "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}", *TINY_MODEL)
     with pytest.raises(RuntimeError, match="boom in training_step"):
-        finetune.run(cfg)
+        finetuning.run(cfg)
     (run,) = runs_of(client, exp)
     assert run.info.status == "FAILED" and "final/score" not in run.data.metrics
     # A sweep's keep_going records the failure the same way and lets the multirun go on.
     cfg = config(tmp_path, uri, exp + "-keep-going", "pretrained=none", "task=rte", f"glue_data.dir={glue_dir}",
                  "sweep.keep_going=true", *TINY_MODEL)
-    assert np.isnan(finetune.run(cfg))
+    assert np.isnan(finetuning.run(cfg))
     assert [r.info.status for r in runs_of(client, exp + "-keep-going")] == ["FAILED"]
 
 
@@ -438,6 +440,6 @@ def test_bf16_mixed_with_fused_adamw_fine_tunes(store, tmp_path, bias_correction
     cfg = config(tmp_path, uri, exp, f"pretrained={ckpt}", "task=rte", "task.epochs=1", "runtime.precision=bf16-mixed",
                  "runtime.fused_adam=true", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8",
                  "glue_data.batch_size=8", f"finetune_optim.bias_correction={bias_correction}")
-    finetune.run(cfg)
+    finetuning.run(cfg)
     (run,) = runs_of(client, exp)
     assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["final/score"])

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from electra_ablate import finetune
+from electra_ablate.training import finetuning
 from electra_ablate.glue import features as glue_features
 from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
@@ -179,7 +179,7 @@ def test_predictions_artifact_round_trips(tmp_path):
         feats[split] = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(n + 1, np.int64), labels,
                                      np.arange(n) + 100)
         preds[split] = rng.integers(0, 3, n)
-    path = finetune.write_predictions(tmp_path / "dev_predictions.tsv", task, feats, preds)
+    path = finetuning.write_predictions(tmp_path / "dev_predictions.tsv", task, feats, preds)
     index, labels, got = mb.read_predictions(path, task)
     assert list(index) == list(range(100, 107))
     assert list(labels) == list(feats["dev_matched"].labels) and list(got) == list(preds["dev_matched"])
@@ -188,7 +188,7 @@ def test_predictions_artifact_round_trips(tmp_path):
     stsb = glue.get_task("stsb")
     f = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(3, np.int64), np.array([0.2, 4.8], np.float32),
                       np.arange(2))
-    path = finetune.write_predictions(tmp_path / "stsb.tsv", stsb, {"dev": f}, {"dev": np.array([1.25, 3.5])})
+    path = finetuning.write_predictions(tmp_path / "stsb.tsv", stsb, {"dev": f}, {"dev": np.array([1.25, 3.5])})
     assert list(mb.read_predictions(path, stsb)[2]) == [1.25, 3.5]
 
 

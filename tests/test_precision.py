@@ -12,7 +12,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import finetune, pretrain
+from electra_ablate import pretrain
+from electra_ablate.training import finetune_source
+from electra_ablate.training import finetuning
 from electra_ablate.common import precision
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
@@ -120,18 +122,18 @@ def test_finetuning_records_the_resolved_precision_and_keeps_it_out_of_identity(
 
     cpu_with(AVX2_ONLY)
     auto = _finetune_cfg(tmp_path, uri, f"pretrained={ckpt}", "runtime.precision=auto")
-    finetune.run(auto)
+    finetuning.run(auto)
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(auto.logger.experiment)
     (run,) = client.search_runs([exp.experiment_id])
     assert run.data.params["runtime.resolved_precision"] == "32-true"
     cpu_with(ZEN4)
-    assert finetune.precision(auto) == "bf16-mixed"
+    assert finetuning.precision(auto) == "bf16-mixed"
 
-    hashes = {p: tracking.config_hash(finetune.run_identity(cfg, cfg.task, finetune.normalise_spec(str(ckpt))))
+    hashes = {p: tracking.config_hash(finetuning.run_identity(cfg, cfg.task, finetune_source.normalise_spec(str(ckpt))))
               for p in ("auto", "32-true", "bf16-mixed")
               for cfg in [_finetune_cfg(tmp_path, uri, f"pretrained={ckpt}", f"runtime.precision={p}")]}
     assert len(set(hashes.values())) == 1 and run.data.tags[tracking.TAG_CONFIG_HASH] == hashes["auto"]
-    monkeypatch.setattr(finetune, "train_task", lambda *a, **k: pytest.fail("fine-tuned a finished run again"))
-    finetune.run(_finetune_cfg(tmp_path, uri, f"pretrained={ckpt}", "runtime.precision=bf16-mixed"))
+    monkeypatch.setattr(finetuning, "train_task", lambda *a, **k: pytest.fail("fine-tuned a finished run again"))
+    finetuning.run(_finetune_cfg(tmp_path, uri, f"pretrained={ckpt}", "runtime.precision=bf16-mixed"))
     assert len(client.search_runs([exp.experiment_id])) == 1

@@ -16,7 +16,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from electra_ablate import finetune, pretrain
+from electra_ablate import pretrain
+from electra_ablate.training import finetuning
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.system import FinetuneSystem, OptimSettings
 from electra_ablate.models.encoder import ElectraModel, EncoderConfig
@@ -203,7 +204,7 @@ def test_identities_leave_out_the_options_only_at_torch_adamw_values():
 
     def ident(*overrides):
         cfg = compose_cfg("finetune", *overrides)
-        return finetune.run_identity(cfg, cfg.task, "none")
+        return finetuning.run_identity(cfg, cfg.task, "none")
 
     default, legacy = ident(), ident("finetune_optim.bias_correction=true", "finetune_optim.loss_reduction=mean")
     assert (default["finetune_optim"]["bias_correction"], default["finetune_optim"]["loss_reduction"]) == (False, "sum")

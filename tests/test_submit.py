@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from electra_ablate import finetune
+from electra_ablate.training import finetuning
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue import submit
 from electra_ablate.tracking import runs as tracking
@@ -148,7 +148,7 @@ def test_a_finetuning_run_keeps_test_predictions_and_the_command_zips_them(tmp_p
                 f"glue_data.dir={glue_dir}", "glue_data.predict_test=true", f"task={task}", f"seed={seed}",
                 "task.epochs=1", "model.embedding_size=32", "model.hidden_size=32", "model.num_hidden_layers=1",
                 "model.num_attention_heads=1", "model.intermediate_size=64", "sweep.variant=scratch"])
-        finetune.run(cfg)
+        finetuning.run(cfg)
     client = tracking.setup(uri, "subm")
     assert client.get_experiment_by_name("subm").tags[tracking.TAG_EXPERIMENT_KIND] == "custom_model_development"
     predictions, picked = submit.collect_predictions(client, "subm", "scratch", "best")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from electra_ablate import finetune
+from electra_ablate.training import finetuning
 from electra_ablate.glue import features as glue_features
 from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue
@@ -70,7 +70,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
         features = glue_features.Features(np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros(N + 1, np.int64), labels,
                                  np.arange(N))
         out = tmp / run.run_id / "dev_predictions.tsv"
-        run.log_artifact(finetune.write_predictions(out, spec, {"dev": features}, {"dev": preds}), "predictions")
+        run.log_artifact(finetuning.write_predictions(out, spec, {"dev": features}, {"dev": preds}), "predictions")
     run.finish("FINISHED")
 
 

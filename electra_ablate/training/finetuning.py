@@ -1,0 +1,398 @@
+"""Fine-tune a pre-trained encoder on GLUE tasks: one job per selected task (`python -m electra_ablate.finetune`).
+
+The recipe of the paper's GLUE results (Clark et al. 2020, section 3.1 and Appendix Table 7; reference
+run_finetuning.py): load a checkpoint (a pre-trained directory, an MLflow pre-training run, a transformers
+checkpoint, or nothing for the random-init floor), add a classifier, train for 3 epochs (10 for RTE and
+STS-B) and report the dev metric after the last epoch; the paper's table entries are medians over 10 seeds,
+so each (task, seed) is its own MLflow run linked to its pre-training run. A run whose identity (the
+resolved config without speed and bookkeeping settings) already FINISHED is not recomputed, so a sweep can be
+re-run after a crash or with more seeds. All data and checkpoint checks run before any MLflow run is created.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+import pytorch_lightning as pl
+import torch
+
+from electra_ablate.common import io
+from electra_ablate.common import precision as precision_lib
+from electra_ablate.data.tokenizer import load_tokenizer
+from electra_ablate.glue import submit
+from electra_ablate.glue import tasks as glue
+from electra_ablate.glue.features import Features, cached_features, file_digest, prediction_rows
+from electra_ablate.glue.metrics import glue_score, task_score
+from electra_ablate.glue.readers import double_unordered, load_split
+from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
+from electra_ablate.tracking import runs as tracking
+from electra_ablate.tracking.store import IdentityLock
+from electra_ablate.training.finetune_source import FinetuneError, Pretrained, normalise_spec, resolve_pretrained
+
+log = logging.getLogger(__name__)
+
+# Config keys that only say where data lives or how fast it goes: left out of the run identity along with
+# tracking.IDENTITY_EXCLUDE (paths, logger, runtime, hydra, sweep).
+DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size", "predict_test")
+
+
+# --- settings checked before anything runs ---------------------------------------------------------------
+
+
+def _positive(value, key: str, fix: str, integer: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if ok and integer and int(value) != value:
+        ok = False
+    if not ok:
+        kind = "a positive integer" if integer else "a positive number"
+        raise FinetuneError(f"{key}={value!r} must be {kind}; {fix}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject fine-tuning settings that cannot work, naming the key and the fix, before any data is read or any
+    MLflow run exists (a run of 0 epochs would otherwise be recorded FINISHED, untrained)."""
+    members = cfg.task.members.items() if "members" in cfg.task else [(cfg.task.name, cfg.task)]
+    for name, task_cfg in members:
+        key = f"task.members.{name}.epochs" if "members" in cfg.task else "task.epochs"
+        _positive(task_cfg.epochs, key, f"the paper fine-tunes {name} for 3 epochs (10 for rte and stsb)", integer=True)
+    d = cfg.glue_data
+    _positive(d.batch_size, "glue_data.batch_size", "the paper uses 32", integer=True)
+    _positive(d.eval_batch_size, "glue_data.eval_batch_size", "e.g. 128", integer=True)
+    _positive(d.max_seq_length, "glue_data.max_seq_length", "the paper uses 128", integer=True)
+    for key in ("max_train_examples", "max_eval_examples"):
+        if d[key] is not None:
+            _positive(d[key], f"glue_data.{key}", "or null for every row", integer=True)
+    o = cfg.finetune_optim
+    if o.lr is not None:
+        _positive(o.lr, "finetune_optim.lr", "or null for the paper's lr by model size")
+    for size, lr in o.lr_by_size.items():
+        _positive(lr, f"finetune_optim.lr_by_size.{size}", "the paper: small 3e-4, base 1e-4, large 5e-5")
+    decays = [("finetune_optim.layerwise_lr_decay", o.layerwise_lr_decay)] if o.layerwise_lr_decay is not None else []
+    decays += [(f"finetune_optim.layerwise_lr_decay_by_size.{k}", v) for k, v in o.layerwise_lr_decay_by_size.items()]
+    for key, value in decays:
+        if not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise FinetuneError(f"{key}={value!r} must be in (0, 1] (1 = no decay); the paper uses 0.8 (0.9 for large)")
+    if not (isinstance(o.warmup_fraction, (int, float)) and 0 <= o.warmup_fraction < 1):
+        raise FinetuneError(f"finetune_optim.warmup_fraction={o.warmup_fraction!r} must be in [0, 1): the fraction of "
+                            "the steps spent warming up (the paper: 0.1)")
+    if not (isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0 and math.isfinite(o.max_grad_norm)):
+        raise FinetuneError(f"finetune_optim.max_grad_norm={o.max_grad_norm!r} must be a positive number (the paper: 1.0)")
+    if not isinstance(o.bias_correction, bool):
+        raise FinetuneError(f"finetune_optim.bias_correction={o.bias_correction!r} must be true or false (false: the "
+                            "reference's Adam, model/optimization.py; true: torch's AdamW)")
+    if o.loss_reduction not in ("sum", "mean"):
+        raise FinetuneError(f"finetune_optim.loss_reduction={o.loss_reduction!r} must be sum (the reference "
+                            "run_finetuning.py sums the per-example losses over the batch) or mean")
+    for key in ("hidden", "attention", "classifier"):
+        value = cfg.dropout[key]
+        if not (isinstance(value, (int, float)) and 0 <= value < 1):
+            raise FinetuneError(f"dropout.{key}={value!r} must be in [0, 1) (the paper: 0.1)")
+    steps = cfg.trainer.max_steps
+    if not (isinstance(steps, int) and (steps == -1 or steps > 0)):
+        raise FinetuneError(f"trainer.max_steps={steps!r} must be -1 (train for task.epochs) or a positive step count")
+
+
+# --- tasks and data --------------------------------------------------------------------------------------
+
+
+def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
+    """(spec, task config) for every task to run: one, or task=glue's members whose data is available."""
+    if "members" not in cfg.task:
+        return [(glue.get_task(cfg.task.name), cfg.task)]
+    members = [(glue.get_task(name), member) for name, member in cfg.task.members.items()]
+    if cfg.glue_data.source != "tsv":
+        return members
+    available = set(glue.available_tasks(cfg.glue_data.dir))
+    missing = [t.name for t, _ in members if t.name not in available]
+    chosen = [(t, m) for t, m in members if t.name in available]
+    if not chosen:
+        raise glue.GlueDataError(
+            f"task=glue: no GLUE task has its train and dev files under glue_data.dir={cfg.glue_data.dir} "
+            "(original GLUE layout: CoLA/train.tsv, ...); point glue_data.dir at a GLUE download or use "
+            "glue_data.source=hf"
+        )
+    if missing:
+        log.info("task=glue: data not found under %s for %s; running %s", cfg.glue_data.dir, ", ".join(missing),
+                 ", ".join(t.name for t, _ in chosen))
+    return chosen
+
+
+def load_task_data(cfg: DictConfig, task: glue.TaskSpec) -> dict[str, list[glue.Example]]:
+    """Every split of a task, checked (layout, labels), subset and doubled as configured."""
+    d = cfg.glue_data
+    data = {s: load_split(task, s, d.source, d.dir, d.hf_path) for s in task.splits}
+    for split, limit in [("train", d.max_train_examples)] + [(s.name, d.max_eval_examples) for s in task.dev_splits]:
+        if limit is not None:
+            data[split] = data[split][: int(limit)]
+        if not data[split]:
+            raise glue.GlueDataError(f"task {task.name}: split {split} has no examples")
+    if task.unordered and d.double_unordered:
+        data["train"] = double_unordered(data["train"])
+    return data
+
+
+def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
+    """What makes two fine-tuning runs the same run (hashed into the config_hash tag)."""
+    ident = tracking.identity(cfg)
+    ident.pop("run_name", None)
+    ident["task"] = OmegaConf.to_container(task_cfg, resolve=True)  # a glue member hashes like task=<name>
+    ident["glue_data"] = {k: v for k, v in ident["glue_data"].items() if k not in DATA_IDENTITY_EXCLUDE}
+    ident["pretrained"] = spec
+    if not ident.get("random_init"):
+        ident.pop("random_init", None)  # the default leaves identities from before the option unchanged
+    if spec != "none":
+        ident.pop("model", None)  # the checkpoint decides the size
+    return ident
+
+
+# --- runtime (speed-only settings) ------------------------------------------------------------------------
+
+
+def on_gpu(cfg: DictConfig) -> bool:
+    return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+
+
+def precision(cfg: DictConfig) -> str:
+    return precision_lib.resolve(cfg.runtime.precision, "cuda" if on_gpu(cfg) else "cpu")
+
+
+def auto_flag(value, default: bool) -> bool | None:
+    return default if value == "auto" else bool(value)
+
+
+# --- one run -------------------------------------------------------------------------------------------
+
+
+def protocol(cfg: DictConfig, pretrained: Pretrained) -> OptimSettings:
+    o = cfg.finetune_optim
+    lr = o.lr if o.lr is not None else o.lr_by_size[pretrained.size]
+    decay = o.layerwise_lr_decay if o.layerwise_lr_decay is not None else o.layerwise_lr_decay_by_size[pretrained.size]
+    return OptimSettings(
+        lr=float(lr),
+        layerwise_lr_decay=float(decay),
+        reference_off_by_one=bool(o.reference_off_by_one),
+        betas=tuple(o.betas),
+        eps=float(o.eps),
+        weight_decay=float(o.weight_decay),
+        warmup_fraction=float(o.warmup_fraction),
+        fused=None if cfg.runtime.fused_adam == "auto" else bool(cfg.runtime.fused_adam),
+        bias_correction=bool(o.bias_correction),
+        loss_reduction=str(o.loss_reduction),
+    )
+
+
+def lowercase(cfg: DictConfig, pretrained: Pretrained) -> bool:
+    """glue_data.lowercase, else the checkpoint's tokenizer setting, else True (BERT uncased, as ELECTRA)."""
+    for value in (cfg.glue_data.lowercase, pretrained.lowercase):
+        if value is not None:
+            return bool(value)
+    return True
+
+
+def check_compatible(cfg: DictConfig, pretrained: Pretrained, tokenizer) -> None:
+    vocab = tokenizer.get_vocab_size()
+    if vocab != pretrained.config.vocab_size:
+        raise FinetuneError(
+            f"pretrained={pretrained.spec}: the encoder's word embeddings have vocab_size="
+            f"{pretrained.config.vocab_size} but its vocabulary {pretrained.vocab_file} has {vocab} entries; "
+            "fine-tune with the vocab.txt the checkpoint was pre-trained with"
+        )
+    if cfg.glue_data.max_seq_length > pretrained.config.max_position_embeddings:
+        raise FinetuneError(
+            f"glue_data.max_seq_length={cfg.glue_data.max_seq_length} exceeds the encoder's "
+            f"max_position_embeddings={pretrained.config.max_position_embeddings}; lower glue_data.max_seq_length"
+        )
+
+
+def write_predictions(path: Path, task: glue.TaskSpec, features: dict[str, Features], predictions) -> Path:
+    with io.atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
+        writer.writerow(["split", "index", "label", "prediction"])
+        for split, feats in features.items():
+            writer.writerows(prediction_rows(task, split, feats, predictions[split]))
+    return path
+
+
+def train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash,
+               test: dict[str, list[glue.Example]] | None = None) -> float:
+    """`_train_task` holding this identity's lock: a second identical process stops with a clear message."""
+    lock = Path(cfg.paths.output_root) / "finetune" / cfg.logger.experiment / cfg_hash / "run.lock"
+    with IdentityLock(lock, f"fine-tuning {task.name} seed={cfg.seed} of {pretrained.spec} (config {cfg_hash})"):
+        return _train_task(cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test)
+
+
+def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, client, ident, cfg_hash,
+                test: dict[str, list[glue.Example]] | None = None) -> float:
+    """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the run
+    ends FAILED (KILLED for a signal) on any exception."""
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    done = next((r for r in runs if r.info.status == "FINISHED"), None)
+    if done is not None:  # finished by another process while this one waited to start
+        tracking.retire_stale(client, runs, keep=done.info.run_id)
+        return done.data.metrics["final/score"]
+    d = cfg.glue_data
+    vocab_digest = file_digest(pretrained.vocab_file)
+    features = {
+        split: cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained),
+                               int(d.max_seq_length), task.is_regression, cfg.paths.cache_dir)
+        for split, examples in data.items()
+    }
+    dev = {s.name: features[s.name] for s in task.dev_splits}
+    tags = {
+        tracking.TAG_KIND: "finetune",
+        "task": task.name,
+        "seed": cfg.seed,
+        tracking.TAG_PRETRAIN_RUN: pretrained.run_id or "none",
+        "pretrained": pretrained.spec,
+        "pretrained_step": "unknown" if pretrained.step is None else pretrained.step,
+        tracking.TAG_RANDOM_INIT: str(bool(cfg.random_init)).lower(),
+        "model": pretrained.model_name or pretrained.size,
+        tracking.TAG_CONFIG_HASH: cfg_hash,
+        # The sweep and variant of the pre-training run unless this config names them.
+        tracking.TAG_SWEEP: cfg.sweep.name or pretrained.tags.get(tracking.TAG_SWEEP, ""),
+        tracking.TAG_VARIANT: cfg.sweep.variant or pretrained.tags.get(tracking.TAG_VARIANT, ""),
+        "git_commit": tracking.git_commit(),
+    }
+    optim = protocol(cfg, pretrained)
+    params = tracking.flatten(ident)
+    params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
+                   "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
+                   # Always shown, though the identity leaves them out at torch AdamW's values (true, mean).
+                   "finetune_optim.bias_correction": str(optim.bias_correction),
+                   "finetune_optim.loss_reduction": optim.loss_reduction,
+                   "resolved.train_examples": str(len(features["train"])),
+                   "runtime.resolved_precision": precision(cfg),
+                   tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity
+    run_name = f"{task.name}-s{cfg.seed}"
+    if runs:
+        # One run per identity: an interrupted one starts again from step 0 in place (fine-tuning saves no
+        # checkpoint: a run is minutes long); steps it had already logged are not logged twice.
+        run = tracking.RunLogger.adopt(client, runs[0], "restarted from step 0 in place (fine-tuning keeps no checkpoint)",
+                                      {k: v for k, v in tags.items() if k != tracking.TAG_CONFIG_HASH})
+    else:
+        run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
+                                       parent_run_id=None if cfg.random_init else pretrained.run_id)
+    tracking.retire_stale(client, runs, keep=run.run_id)
+    try:
+        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+        torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
+        encoder = pretrained.make_encoder()
+        if cfg.runtime.compile:
+            encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
+        system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
+                                float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
+        system.metrics_sink = run.log_metrics
+        system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
+        datamodule = GlueDataModule(
+            features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
+            length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
+            pin_memory=bool(auto_flag(cfg.runtime.pin_memory, on_gpu(cfg))),
+            pad_id=tokenizer.token_to_id("[PAD]") or 0,
+        )
+        trainer = pl.Trainer(
+            max_epochs=int(task_cfg.epochs),
+            max_steps=int(cfg.trainer.max_steps),
+            accelerator=cfg.trainer.accelerator,
+            devices=cfg.trainer.devices,
+            precision=precision(cfg),
+            gradient_clip_val=float(cfg.finetune_optim.max_grad_norm),
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
+            default_root_dir=cfg.paths.output_dir,
+        )
+        trainer.fit(system, datamodule)
+        if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
+            raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+        if system.global_step == 0:  # never a FINISHED run that did not train
+            raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
+                                f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
+        if system.evaluated_at_step != system.global_step:  # trainer.max_steps stopped it mid-epoch
+            trainer.validate(system, datamodule=datamodule, verbose=False)
+        final = system.history[-1]  # the paper reports the last epoch
+        key = task.paper_metric
+        values = np.array([h[key] for h in system.history], dtype=float)
+        best_epoch = int(np.nanargmax(values)) + 1 if np.isfinite(values).any() else len(values)
+        best = system.history[best_epoch - 1]
+        score = task_score(task, final)
+        summary = {f"final/{k}": v for k, v in final.items()}
+        summary.update({f"best/{k}": v for k, v in best.items()})
+        summary.update({"best_epoch": best_epoch, "final/score": score})
+        run.log_metrics(summary, step=len(system.history))
+        out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
+        run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
+        if test:
+            test_preds = {
+                split: submit.predict(system, cached_features(
+                    examples, tokenizer, vocab_digest, lowercase(cfg, pretrained), int(d.max_seq_length),
+                    task.is_regression, cfg.paths.cache_dir), int(d.eval_batch_size),
+                    tokenizer.token_to_id("[PAD]") or 0, precision(cfg) if on_gpu(cfg) else None)
+                for split, examples in test.items()
+            }
+            out = out.with_name("test_predictions.tsv")
+            run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
+        run.finish("FINISHED")
+    except BaseException as error:
+        run.finish(*tracking.end_status(error))
+        raise
+    log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
+             final[key], score, len(system.history), run.run_id)
+    return score
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+
+def run(cfg: DictConfig) -> float:
+    """Fine-tune every selected task; returns its final score (x100), or the GLUE score for task=glue
+    (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
+    validate(cfg)
+    tasks = selected_tasks(cfg)
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    spec = normalise_spec(cfg.pretrained)
+    scores: dict[str, float] = {}
+    todo = []
+    for task, task_cfg in tasks:
+        ident = run_identity(cfg, task_cfg, spec)
+        cfg_hash = tracking.config_hash(ident)
+        done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
+        if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
+            print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
+                  "running it again with glue_data.predict_test=true")
+            done = None
+        if done is not None:
+            scores[task.name] = done.data.metrics["final/score"]
+            print(f"{task.name} seed={cfg.seed}: already done in FINISHED run {done.info.run_id} "
+                  f"(config_hash {cfg_hash}, final/score {scores[task.name]:.2f}); skipping")
+            continue
+        test = (submit.load_test_splits(task, cfg.glue_data.source, cfg.glue_data.dir, cfg.glue_data.hf_path)
+                if cfg.glue_data.predict_test else None)
+        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash, test))  # checked before any run
+    if todo:
+        pretrained = resolve_pretrained(cfg, client)
+        tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
+        check_compatible(cfg, pretrained, tokenizer)
+        for task, task_cfg, data, ident, cfg_hash, test in todo:
+            try:
+                scores[task.name] = train_task(
+                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
+                )
+            except Exception:
+                if not cfg.sweep.keep_going:
+                    raise
+                log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
+                              task.name, cfg.seed)
+    if "members" not in cfg.task:
+        return scores.get(cfg.task.name, float("nan"))
+    if not any(t != "wnli" for t in scores):
+        return float("nan")
+    result = glue_score(scores)
+    print(f"GLUE score {result.score:.2f} over {', '.join(result.tasks)}")
+    return result.score
