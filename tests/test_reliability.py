@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -349,25 +351,34 @@ LAUNCHERS = {
     "basic": [],
     "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
     "submitit_local": ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=60"],
-    "ray": ["hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2"],
+    "ray": ["hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=2"],
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", LAUNCHERS, ids=list(LAUNCHERS))
-def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_dir, token_cache, launcher):
+def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_dir, token_cache, launcher, monkeypatch):
     from conftest import TINY_PRETRAIN
 
+    extra = []
     if launcher == "ray":
         pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install -e '.[ray]'")
+        # Ray's session files under the run folder; its socket paths must stay under ~100 characters.
+        ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+        extra = [f"+hydra.launcher.ray.init._temp_dir={ray_tmp}"]
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a local Ray started for this test only
     # The default runtime group (runtime.num_workers=2: DataLoader worker processes inside launcher workers).
     settings = {k: v for k, v in TINY_PRETRAIN.items() if not k.startswith("runtime.")}
     settings.update({"paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir), "paths.cache_dir": str(token_cache),
                      "trainer.max_steps": "4", "optim.warmup_steps": "1", "hydra.sweep.dir": str(tmp_path / "multirun")})
     cmd = [sys.executable, "-m", "electra_ablate.pretrain", "-m", "objective=bert", "seed=0,1",
-           *(f"{k}={v}" for k, v in settings.items()), *LAUNCHERS[launcher]]
+           *(f"{k}={v}" for k, v in settings.items()), *LAUNCHERS[launcher], *extra]
     tic = time.perf_counter()
-    run_to_completion(cmd)
+    try:
+        run_to_completion(cmd)
+    finally:
+        if launcher == "ray":
+            shutil.rmtree(ray_tmp, ignore_errors=True)
     runs = all_runs(tmp_path)
     assert sorted((r.data.tags["seed"], r.info.status) for r in runs) == [("0", "FINISHED"), ("1", "FINISHED")]
     print(f"launcher {launcher}: 2 pre-training jobs in {time.perf_counter() - tic:.0f} s")
