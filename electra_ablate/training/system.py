@@ -150,7 +150,7 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         self._tokens += batch["input_ids"].numel()
 
     def fail_non_finite(self, value: float, step: int | None = None) -> None:
-        # Reference users hit NaN at Base size too (google-research/electra issues 36 and 70); the usual
+        # Reference users hit NaN at Base size too (google-research/electra#36 and google-research/electra#70); the usual
         # causes, most likely first, each with the setting that changes it.
         recent = ", ".join(f"step {s}: {v:.4g}" for s, v in self.recent_losses) or "none logged yet"
         weights = {k: getattr(self.objective, k) for k in ("gen_weight", "disc_weight") if hasattr(self.objective, k)}
