@@ -311,7 +311,7 @@ def render(rep: Report) -> str:
         L += [
             "## Corpus build",
             "",
-            "A cold build of pre-training examples from text files (`data=text_files`, `electra_ablate.corpus`): "
+            "A cold build of pre-training examples from text files (`data=text_files`, `electra_ablate.data.corpus_build`): "
             "content hashes, streaming decompression, tokenization in worker processes (`tokenizers`), the "
             f"reference's example builder (sequence length {s.seq_len}), the cache written. CPU seconds are those "
             "of the main process and its workers; word pieces per CPU-second x cores is the rate on that many "
