@@ -24,7 +24,7 @@ from electra_ablate.models import flops
 from electra_ablate.models.encoder import EncoderConfig
 from electra_ablate.sweep.compose import SweepContext, config_text, fresh_hydra, make_context, quote, validate
 from electra_ablate.sweep.gpus import GpuSlot, _ALL_GPUS_ENV, gpu_candidates, visible_gpus
-from electra_ablate.sweep.jobs import PretrainJob
+from electra_ablate.sweep.jobs import FinetuneKey, PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
 
@@ -489,3 +489,21 @@ def test_sweep_and_report_import_each_other_one_way():
     assert "electra_ablate.report.build" in graph["electra_ablate.sweep.run"]
     assert [m for m in graph if reaches(m, m, set())] == []
     assert not any(reaches(m, "electra_ablate.sweep.run", set()) for m in graph if m.startswith("electra_ablate.report"))
+
+
+def test_a_finished_fine_tuning_run_counts_only_for_the_config_it_ran_with():
+    from types import SimpleNamespace
+
+    from electra_ablate.sweep.plan import matches
+
+    def run(config_hash):
+        return SimpleNamespace(data=SimpleNamespace(tags={"config_hash": config_hash}))
+
+    key = FinetuneKey("0" * 32, "100", "sst2", 0)
+    old, new = run("a" * 16), run("b" * 16)
+    done = {key: [old]}  # newest first
+    assert matches(done, key) is old  # no config to compare: any finished run of the job
+    assert matches(done, key, "b" * 16) is None  # e.g. the fine-tuning optimizer's defaults changed: run it again
+    assert matches({key: [new, old]}, key, "a" * 16) is old
+    imported = FinetuneKey("variant:released", "", "sst2", 0)
+    assert matches({imported._replace(step="7"): [new]}, imported, "b" * 16) is new  # an import's step is its own

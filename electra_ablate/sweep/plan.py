@@ -10,11 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from electra_ablate.glue import tasks as glue
-from electra_ablate.sweep.compose import SweepContext, compose_session
+from electra_ablate.sweep.compose import FINETUNE_GROUP, SweepContext, compose_session
 from electra_ablate.sweep.jobs import RANDOM_SOURCE, Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.spec import SweepSpec
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import pretraining
+from electra_ablate.training import finetuning, pretraining
+from electra_ablate.training.finetune_source import normalise_spec
 
 class PretrainState(NamedTuple):
     job: PretrainJob
@@ -64,21 +65,21 @@ def checkpoints_of(state: PretrainState, fractions: Sequence[float]) -> tuple[li
     return found, missing
 
 
-def finetune_runs(client, experiment: str) -> tuple[dict[FinetuneKey, Any], dict[FinetuneKey, Any]]:
-    """Newest FINISHED fine-tuning run per key, and the newest unfinished one for keys with none finished."""
+def finetune_runs(client, experiment: str) -> tuple[dict[FinetuneKey, list], dict[FinetuneKey, Any]]:
+    """FINISHED fine-tuning runs per key (newest first), and the newest unfinished one for keys with none finished."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return {}, {}
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.{tracking.TAG_KIND} = 'finetune'",
                               order_by=["attributes.start_time DESC"], max_results=50000)
-    done: dict[FinetuneKey, Any] = {}
+    done: dict[FinetuneKey, list] = {}
     failed: dict[FinetuneKey, Any] = {}
     for r in runs:
         key = finetune_key(r.data.tags)
         if key is None:
             continue
         if r.info.status == "FINISHED":
-            done.setdefault(key, r)
+            done.setdefault(key, []).append(r)
         else:
             failed.setdefault(key, r)
     return done, {k: v for k, v in failed.items() if k not in done}
@@ -108,11 +109,33 @@ def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> lis
             for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
 
 
-def matches(done: Mapping[FinetuneKey, Any], key: FinetuneKey) -> Any:
-    """The finished run for `key`; for `pretrained` variants the step is whatever the import reported."""
+def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey, config_hash: str | None = None) -> Any:
+    """The newest finished run for `key` (with `config_hash`, when given: a run of another fine-tuning config,
+    e.g. before the optimizer's defaults changed, is not this job); for `pretrained` variants the step is
+    whatever the import reported."""
     if key.source.startswith("variant:"):
-        return next((r for k, r in done.items() if (k.source, k.task, k.seed) == (key.source, key.task, key.seed)), None)
-    return done.get(key)
+        runs = [r for k, rs in done.items() if (k.source, k.task, k.seed) == (key.source, key.task, key.seed) for r in rs]
+    else:
+        runs = done.get(key, [])
+    return next((r for r in runs if config_hash is None or r.data.tags.get(tracking.TAG_CONFIG_HASH) == config_hash),
+                None)
+
+
+def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dict[tuple[str, str, int], str]:
+    """The config hash (training.finetuning.run_identity) each fine-tuning job of the grid records, by
+    (checkpoint config name, task, seed)."""
+    out = {}
+    with compose_session():
+        for c in checkpoints:
+            ctx.write_finetune_config(c)
+            for task in ctx.spec.tasks:
+                for seed in ctx.spec.seeds:
+                    cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={c.config_name}", f"task={task}",
+                                                f"seed={seed}"])
+                    (_, task_cfg), = finetuning.selected_tasks(cfg)
+                    ident = finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained))
+                    out[(c.config_name, task, seed)] = tracking.config_hash(ident)
+    return out
 
 
 def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str, int]], list[Checkpoint], list[str]]:
@@ -132,8 +155,9 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
         notes += missing
     checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
     done, _ = finetune_runs(client, ctx.experiment)
+    hashes = finetune_hashes(ctx, checkpoints)
     todo = [(c, t, s) for c in checkpoints for t in ctx.spec.tasks for s in ctx.spec.seeds
-            if matches(done, key_of(c, t, s)) is None]
+            if matches(done, key_of(c, t, s), hashes[(c.config_name, t, s)]) is None]
     return todo, checkpoints, notes
 
 
