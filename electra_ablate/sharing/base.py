@@ -8,6 +8,7 @@ asks it only these and `shares_weights`; it never compares a mode's name.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from omegaconf import DictConfig
@@ -15,7 +16,7 @@ from omegaconf import DictConfig
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 
 
-class SharingMode:
+class SharingMode(ABC):
     display_name: ClassVar[str]
     paper: ClassVar[str]  # where the paper reports it
     # Whether the generator uses any of the discriminator's tensors (two-stage training needs none shared).
@@ -29,9 +30,9 @@ class SharingMode:
         """What makes `cfg` impossible for this mode, each with the key and the fix (empty when fine)."""
         return []
 
+    @abstractmethod
     def tie(self, generator: ElectraForPretraining, model: ElectraForPretraining) -> None:
         """Make the built `generator` use the `model`'s (the discriminator's) parameters."""
-        raise NotImplementedError
 
     def exported(self, nets: Networks) -> Networks:
         """The networks pre-training saves, from the trained ones: plain ELECTRA networks that models/checkpoint.py,

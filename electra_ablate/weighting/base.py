@@ -6,6 +6,7 @@ them is a class chosen by `_target_` in conf/weighting/<name>.yaml."""
 
 from __future__ import annotations
 
+from abc import ABCMeta, abstractmethod
 from typing import ClassVar
 
 import torch
@@ -13,7 +14,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 
-class LossWeighting(nn.Module):
+class LossWeighting(nn.Module, metaclass=ABCMeta):
     display_name: ClassVar[str]
     paper: ClassVar[str]
     learned: ClassVar[bool]  # has parameters of its own that training moves (an algorithm may not allow it)
@@ -31,8 +32,9 @@ class LossWeighting(nn.Module):
         self.gen_weight = gen_weight
         self.disc_weight = disc_weight
 
+    @abstractmethod
     def forward(self, gen_loss: torch.Tensor | None, disc_loss: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The one loss the optimizer minimises."""
 
     def lambda_now(self) -> torch.Tensor | None:
         """The effective lambda (disc weight over MLM weight) when it changes during training, else None."""
