@@ -42,8 +42,15 @@ def require_transformers():
 
 
 def electra_config(config: EncoderConfig):
-    """Our encoder sizes -> `transformers.ElectraConfig` (same field names; GELU is exact erf in both)."""
-    return require_transformers().ElectraConfig(**config.to_dict(), hidden_act="gelu")
+    """Our encoder sizes -> `transformers.ElectraConfig` (same field names; GELU is exact erf in both).
+    transformers' ELECTRA is post-LN with biases: a network with another block layout has no equivalent."""
+    if config.layer_norm != "post" or not config.linear_bias:
+        raise HFInteropError(
+            f"this network has model.layer_norm={config.layer_norm}, model.linear_bias={config.linear_bias}; "
+            "transformers' ELECTRA classes only have the paper's layout (post-LN, with biases), so it cannot be "
+            "exported: fine-tune it here with `pretrained=<run id or dir>` instead")
+    layout = {k: v for k, v in config.to_dict().items() if k not in ("layer_norm", "linear_bias")}
+    return require_transformers().ElectraConfig(**layout, hidden_act="gelu")
 
 
 def encoder_config(hf_config) -> EncoderConfig:

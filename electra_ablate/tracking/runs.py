@@ -173,6 +173,9 @@ NEW_KEY_DEFAULTS: dict[str, object] = {
     "optim.bias_correction": True,  # pre-training's torch AdamW (the reference's update: false)
     "finetune_optim.bias_correction": True,  # fine-tuning's torch AdamW ...
     "finetune_optim.loss_reduction": "mean",  # ... on the batch-mean loss (the reference: false, sum)
+    # Block layout options beyond the paper; these values are the paper's layout that runs had before.
+    "model.layer_norm": "post",
+    "model.linear_bias": True,
 }
 
 

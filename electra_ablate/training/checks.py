@@ -8,13 +8,15 @@ import math
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from electra_ablate.models.encoder import LAYER_NORMS
 from electra_ablate.objectives.positions import SAMPLING
 
 # The config groups whose `_target_` class carries its own constraints (`config_problems(cfg)`).
 AXES = ("objective", "generator", "sharing", "weighting", "algorithm")
 
 MODEL_KEYS = ("embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob")
+              "max_position_embeddings", "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm",
+              "linear_bias")
 
 
 class ConfigError(ValueError):
@@ -73,6 +75,9 @@ def value_problems(cfg: DictConfig) -> list[str]:
                    f"{m.num_attention_heads}; pick sizes whose ratio is a whole head size (e.g. 64)")
     for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
         need(_number(m[key]) and 0 <= m[key] < 1, f"model.{key}", m[key], "must be in [0, 1) (the paper: 0.1)")
+    need(m.layer_norm in LAYER_NORMS, "model.layer_norm", m.layer_norm,
+         f"must be one of {', '.join(LAYER_NORMS)} (the paper: post)")
+    need(isinstance(m.linear_bias, bool), "model.linear_bias", m.linear_bias, "must be true or false (the paper: true)")
     need(_number(m.generator_fraction) and 0 < m.generator_fraction <= 1, "model.generator_fraction",
          m.generator_fraction, "must be in (0, 1] (a fraction of the discriminator; the paper: 1/4 to 1/2)")
     obj = cfg.objective
