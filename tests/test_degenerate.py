@@ -1,6 +1,6 @@
 """A report never dresses noise as a result: arms whose fine-tuning runs all predict one class are called
-degenerate (in the tables, the ranking and the verdicts), equal medians tie and a healthy comparison keeps
-its verdict. The stores are written the way fine-tuning logs its runs
+degenerate (in the tables, the ranking and the verdicts), equal medians tie, a healthy comparison keeps its
+verdict, and every fine-tuned checkpoint appears. The stores are written the way fine-tuning logs its runs
 (final score plus the dev-predictions artifact) and the report is built as the CLI builds it (write_report)."""
 
 from __future__ import annotations
@@ -167,6 +167,29 @@ def test_equal_medians_are_a_tie(tmp_path, data_dir):
     assert ranking({"a": 69.96, "b": 70.04, "c": 71.0}) == "c > a = b"
     assert ranking({"a": 70.0, "b": 70.0, "c": 70.0}) == "a = b = c"
     assert ranking({"a": 60.0, "b": 70.0}) == "b > a"
+
+
+def test_intermediate_checkpoints_appear_without_asking_for_figures(tmp_path, data_dir):
+    ctx, client = build(tmp_path, data_dir, {"electra": learner(0.9), "bert": learner(0.7), "none": learner(0.6)},
+                        checkpoints=(0.5, 1.0))
+    assert ctx.spec.figures == ()
+    out = tmp_path / "reports"
+    text = write_report(ctx, client, out).read_text()
+    curves = section(text, "## Learning curves")
+    assert (out / "honest" / "learning_curves.png").is_file() and "![learning curves]" in curves
+    rows = {(c[0], c[1]): c for c in (cells(line, "|") for line in curves.splitlines() if line.startswith("| electra")
+                                      or line.startswith("| bert"))}
+    assert set(rows) == {("electra", "0.5"), ("electra", "1"), ("bert", "0.5"), ("bert", "1")}
+    assert "| none |" not in curves  # random weights: no pre-training to draw a curve over
+    data = collect(ctx, client)
+    half = data.scores[(data.scores["variant"] == "electra") & (data.scores["step"] == 50)]["score"]
+    assert rows[("electra", "0.5")][2] == "50" and rows[("electra", "0.5")][4] == f"{half.median():.1f}"
+    assert rows[("electra", "0.5")][3] == "5e+10" and rows[("electra", "0.5")][-1] == "0 of 3"
+
+
+def test_a_sweep_of_final_checkpoints_only_has_no_learning_curves(tmp_path, data_dir):
+    ctx, client = build(tmp_path, data_dir, {"electra": learner(0.9), "bert": learner(0.7)})
+    assert "## Learning curves" not in write_report(ctx, client, tmp_path / "reports").read_text()
 
 
 def test_constant_regression_predictions_are_degenerate_not_failed(tmp_path, data_dir):

@@ -6,8 +6,9 @@ figures in `reports/<name>/`: the median GLUE dev table per variant beside the p
 fine-tuning seeds (mean, std, min, max, best-of-N: the paper reports the median of 10 runs, section 3.1),
 bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py), each
 arm's degenerate runs (dev predictions of one class: report/predictions.py), generator-size curves (paper
-Figure 3 left), learning curves against pre-training FLOPs counted as the paper does
-(electra_ablate.models.flops; report/figures.py), verdicts on the paper's claims (report/verdicts.py),
+Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
+fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), verdicts on the
+paper's claims (report/verdicts.py),
 failed and missing runs, and how the numbers were produced (report/provenance.py); report/markdown.py renders
 it. The runs counted are exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs
 by (pre-training run, step, task, seed), newest finished first.
@@ -57,7 +58,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         figures["glue"] = f"{name}/glue.png"
     if "generator_size" in ctx.spec.figures and generator_size_figure(data, staging / "generator_size.png"):
         figures["generator_size"] = f"{name}/generator_size.png"
-    if "learning_curves" in ctx.spec.figures and learning_curves_figure(data, staging / "learning_curves.png"):
+    wants_curves = "learning_curves" in ctx.spec.figures or data.intermediate  # every checkpoint fine-tuned is shown
+    if wants_curves and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
     if summary.tasks:

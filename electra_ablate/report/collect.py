@@ -37,6 +37,15 @@ class SweepData:
     # run id -> dev predictions (None: no artifact), for the final checkpoints' runs (the verdicts' input)
     predictions: dict[str, mb.RunPredictions | None] = field(default_factory=dict)
 
+    @property
+    def intermediate(self) -> bool:
+        """Whether the sweep fine-tunes checkpoints before the last (the report then shows learning curves)."""
+        return has_intermediate(self.checkpoints)
+
+
+def has_intermediate(checkpoints: Sequence[Checkpoint]) -> bool:
+    return any(not c.final for c in checkpoints)
+
 
 def _tags(row: pd.Series) -> dict[str, str]:
     return {c[len("tags."):]: str(v) for c, v in row.items() if c.startswith("tags.") and isinstance(v, str)}
@@ -109,7 +118,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
         "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id",
         "degenerate"])
     data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions)
-    if "learning_curves" in spec.figures:
+    if "learning_curves" in spec.figures or data.intermediate:
         data.flops = checkpoint_flops(client, states, checkpoints)
     return data
 

@@ -19,7 +19,7 @@ from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData, is_missing
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of, learning_curve
+from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
 
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
@@ -127,7 +127,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                 "GLUE (median over fine-tuning seeds, band = interquartile range of the per-seed GLUE scores) against the "
                 "generator's hidden size, one line per discriminator size; the unigram generator is drawn at the left.", "",
                 f"![generator size]({figures['generator_size']})", ""]
-    if "learning_curves" in spec.figures:
+    if "learning_curves" in spec.figures or data.intermediate:
         out += _learning_section(data, figures, paper)
     out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
@@ -242,15 +242,15 @@ def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[
 def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mapping) -> list[str]:
     spec = data.ctx.spec
     out = ["## Learning curves: GLUE against pre-training FLOPs", "",
-           "Fine-tuning runs of intermediate checkpoints of the same pre-training runs (each cell: the median over "
-           "its fine-tuning runs); FLOPs as the paper counts them (electra_ablate.models.flops: forward + backward "
-           "of generator and discriminator).", ""]
+           "Fine-tuning runs of every checkpoint the sweep fine-tunes, intermediate ones included, of the same "
+           "pre-training runs: each cell is the median over its fine-tuning runs; FLOPs as the paper counts them "
+           "(electra_ablate.models.flops: forward + backward of generator and discriminator).", ""]
     if "learning_curves" in figures:
         out += [f"![learning curves]({figures['learning_curves']})", ""]
     curve = learning_curve(data)
     if curve.empty:
         return out + ["No fine-tuning run of an intermediate checkpoint has finished yet.", ""]
-    runs = data.scores[data.scores["pretrain_run"].notna()]
+    runs = curve_runs(data)
     tasks = [t for t in TASK_NAMES if t in set(runs["task"])]
     rows = []
     for _, r in curve.iterrows():
