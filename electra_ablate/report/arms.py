@@ -102,10 +102,14 @@ def scale_sentences(results, scale: Mapping[str, str]) -> list[str]:
         c = v.claim
         arms = list(dict.fromkeys(c.better + c.worse))
         where = "; ".join(f"{a}: {scale[a]}" for a in arms if a in scale)
+        note = v.note
+        if v.verdict == "degenerate":
+            out.append(f"- {c.text}: **degenerate**, no comparison ({note}{'' if not where else '; ' + where}).")
+            continue
         if v.difference is None:
             out.append(f"- {c.text}: not run.")
             continue
         d = v.difference
         out.append(f"- {c.text}: **{v.verdict}** ({d.estimate:+.1f} points, 95% interval [{d.low:+.1f}, {d.high:+.1f}]"
-                   f"{'' if not where else '; ' + where}).")
+                   f"{'' if not where else '; ' + where}){'' if not note else f'; {note}'}.")
     return out

@@ -4,9 +4,11 @@ Reads the sweep's MLflow experiment into pandas (report/collect.py) and writes `
 figures in `reports/<name>/`: the median GLUE dev table per variant beside the paper's number
 (report/paper.py, reading report/paper_results.yaml, the one place published numbers live), the spread over
 fine-tuning seeds (mean, std, min, max, best-of-N: the paper reports the median of 10 runs, section 3.1),
-bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py),
-generator-size curves (paper Figure 3 left), learning curves against pre-training FLOPs counted as the paper
-does (electra_ablate.models.flops; report/figures.py), verdicts on the paper's claims (report/verdicts.py),
+bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py), each
+arm's degenerate runs (dev predictions of one class: report/predictions.py), generator-size curves (paper
+Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
+fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), verdicts on the
+paper's claims (report/verdicts.py),
 failed and missing runs, and how the numbers were produced (report/provenance.py); report/markdown.py renders
 it. The runs counted are exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs
 by (pre-training run, step, task, seed), newest finished first.
@@ -56,7 +58,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         figures["glue"] = f"{name}/glue.png"
     if "generator_size" in ctx.spec.figures and generator_size_figure(data, staging / "generator_size.png"):
         figures["generator_size"] = f"{name}/generator_size.png"
-    if "learning_curves" in ctx.spec.figures and learning_curves_figure(data, staging / "learning_curves.png"):
+    wants_curves = "learning_curves" in ctx.spec.figures or data.intermediate  # every checkpoint fine-tuned is shown
+    if wants_curves and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
     if summary.tasks:
@@ -64,7 +67,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         titles = {**{t: TASK_NAMES[t] for t in summary.tasks}, "glue": verdicts.glue_label(summary.tasks)}
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
-    results = verdicts.verdicts(ctx.spec, final, client, load_paper_results())
+    results = verdicts.verdicts(ctx.spec, final, client, load_paper_results(), predictions=data.predictions)
     closing = verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",

@@ -1,6 +1,11 @@
 """The runs of one sweep's grid, read from its MLflow experiment: pre-training runs found by config hash,
-fine-tuning runs by (pre-training run, step, task, seed), newest finished first; failed and missing jobs as
-one line each; pre-training FLOPs at each checkpoint counted as the paper does (electra_ablate.models.flops).
+fine-tuning runs by (pre-training run, step, task, seed), newest finished first, each with whether it learned
+anything (report/predictions.py); failed and missing jobs as one line each; pre-training FLOPs at each
+checkpoint counted as the paper does (electra_ablate.models.flops).
+
+A finished run whose score is undefined (NaN: the Spearman correlation of constant STS-B predictions) is a
+degenerate run, not a failure: it counts with score 0 (no ranking information, as one class gets an MCC of
+0), so that dropping it cannot raise its arm's median.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from electra_ablate.report import multibootstrap as mb
+from electra_ablate.report.predictions import is_degenerate, load_run_predictions
 from electra_ablate.sweep.compose import SweepContext
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
 from electra_ablate.sweep.plan import PretrainState, checkpoints_of, finetune_key, key_of, pretrain_states, random_init_checkpoints
@@ -23,10 +30,21 @@ class SweepData:
     ctx: SweepContext
     pretrain: list[PretrainState]
     checkpoints: list[Checkpoint]  # every checkpoint the sweep fine-tunes (of finished pre-training runs)
-    scores: pd.DataFrame  # one row per finished fine-tuning job of the grid
+    scores: pd.DataFrame  # one row per finished fine-tuning job of the grid (`degenerate`: True/False/None)
     problems: list[str]  # failed and missing jobs, one line each
     frame: pd.DataFrame  # every run of the experiment (tracking.runs_frame)
     flops: dict[tuple[str, int], float] = field(default_factory=dict)  # (pretrain run, step) -> FLOPs
+    # run id -> dev predictions (None: no artifact), for the final checkpoints' runs (the verdicts' input)
+    predictions: dict[str, mb.RunPredictions | None] = field(default_factory=dict)
+
+    @property
+    def intermediate(self) -> bool:
+        """Whether the sweep fine-tunes checkpoints before the last (the report then shows learning curves)."""
+        return has_intermediate(self.checkpoints)
+
+
+def has_intermediate(checkpoints: Sequence[Checkpoint]) -> bool:
+    return any(not c.final for c in checkpoints)
 
 
 def _tags(row: pd.Series) -> dict[str, str]:
@@ -62,10 +80,13 @@ def collect(ctx: SweepContext, client) -> SweepData:
             continue
         if key.source.startswith("variant:"):
             key = key._replace(step="")  # an imported model's step is whatever the import reports
-        target = done if row["status"] == "FINISHED" and not is_missing(row.get("metrics.final/score")) else failed
+        finished = row["status"] == "FINISHED" and (not is_missing(row.get("metrics.final/score"))
+                                                    or "final/score" in client.get_run(row["run_id"]).data.metrics)
+        target = done if finished else failed
         target.setdefault(key, row)
 
     records = []
+    predictions: dict[str, mb.RunPredictions | None] = {}
     for c in checkpoints:
         for task in spec.tasks:
             absent = []
@@ -80,18 +101,24 @@ def collect(ctx: SweepContext, client) -> SweepData:
                         problems.append(f"fine-tuning {c.config_name} {task} seed {seed}: {bad['status']} "
                                         f"(MLflow run {bad['run_id']})")
                     continue
+                undefined = is_missing(row.get("metrics.final/score"))
+                preds = load_run_predictions(client, row["run_id"], task)
+                if c.final:
+                    predictions[row["run_id"]] = preds
                 records.append({
                     "variant": c.variant, "pretrain_seed": c.pretrain_seed, "pretrain_run": c.run_id,
                     "step": c.step, "fraction": c.fraction, "final": c.final, "task": task, "seed": seed,
-                    "score": float(row["metrics.final/score"]), "run_id": row["run_id"],
+                    "score": 0.0 if undefined else float(row["metrics.final/score"]), "run_id": row["run_id"],
+                    "degenerate": is_degenerate(task, preds, undefined),
                 })
             if absent:
                 problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(absent) > 1 else ''} "
                                 f"{', '.join(map(str, absent))}: missing (no MLflow run)")
     scores = pd.DataFrame.from_records(records, columns=[
-        "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id"])
-    data = SweepData(ctx, states, checkpoints, scores, problems, frame)
-    if "learning_curves" in spec.figures:
+        "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id",
+        "degenerate"])
+    data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions)
+    if "learning_curves" in spec.figures or data.intermediate:
         data.flops = checkpoint_flops(client, states, checkpoints)
     return data
 

@@ -1,5 +1,9 @@
 """The report's markdown: the main GLUE table beside the paper's numbers, the spread over fine-tuning seeds,
 expected best-of-n scores, learning curves, verdicts, failed and missing runs and how it was produced.
+
+Every table counts each arm's degenerate runs (report/predictions.py: dev predictions of a single class),
+an arm degenerate in every run is named at the top and never ranked, and a ranking groups the arms whose
+numbers are equal as displayed (`a = b`): a report never orders what it cannot tell apart.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from electra_ablate.report import arms, expected_max, verdicts
+from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData, is_missing
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of, learning_curve
+from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
 
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
@@ -59,6 +64,8 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
             out += [warning, ""]
 
     tasks = summary.tasks
+    health = final_health(data, tasks)
+    out += _degenerate_warning(health)
     out += ["## GLUE dev, median over fine-tuning seeds", ""]
     if not tasks:
         out += ["No fine-tuning run of a final checkpoint has finished yet.", ""]
@@ -74,7 +81,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         header = ["variant", *[TASK_NAMES[t] for t in tasks], short_glue(tasks), "paper", "Δ paper"]
         if spec.baseline:
             header.append(f"Δ vs {spec.baseline} [95% CI]")
-        header.append("runs")
+        header += ["runs", "degenerate runs"]
         rows = []
         for v in spec.variants:
             row_paper, _ = paper_row(spec, v.label, paper)
@@ -89,6 +96,8 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
             if spec.baseline:
                 if v.label == spec.baseline:
                     cells.append("baseline")
+                elif _dead(health, v.label) or _dead(health, spec.baseline):
+                    cells.append("– (degenerate)")
                 elif v.label in summary.differences:
                     d, lo, hi = summary.differences[v.label]
                     cells.append(f"{signed(d)} [{signed(lo)}, {signed(hi)}]")
@@ -96,22 +105,29 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                     cells.append("–")
             n = summary.stats.loc[v.label, "n"] if len(summary.stats) and v.label in summary.stats.index.get_level_values(0) else None
             cells.append("–" if n is None else f"{int(n.min())}–{int(n.max())}" if n.min() != n.max() else str(int(n.min())))
+            cells.append(pr.cell(health[v.label]))
             rows.append(cells)
         out += [table(header, rows), ""]
         if spec.baseline:
             out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) of the "
                     f"difference in GLUE-of-medians, resampling each task's fine-tuning runs of both variants; an interval "
                     f"that contains 0 means these runs cannot tell the variant from {spec.baseline}.", ""]
+        unknown = sum(pr.total(h).unknown for h in health.values())
+        out += ["Degenerate runs: fine-tuning runs whose dev predictions are a single class (one value for "
+                "STS-B, whose correlation is then undefined and counted as 0): they score what the majority class "
+                "scores whatever the encoder, so an arm degenerate in every run is compared with nothing."
+                + (f" {unknown} run{'s' if unknown > 1 else ''} logged no predictions artifact: unknown." if unknown else ""),
+                ""]
         if "glue" in figures:
             out += [f"![GLUE per fine-tuning seed]({figures['glue']})", ""]
-        out += _spread_section(spec, summary)
+        out += _spread_section(spec, summary, health)
         out += _expected_max_section(summary, figures)
     if "generator_size" in figures:
         out += ["## Generator size (paper Figure 3, left)", "",
                 "GLUE (median over fine-tuning seeds, band = interquartile range of the per-seed GLUE scores) against the "
                 "generator's hidden size, one line per discriminator size; the unigram generator is drawn at the left.", "",
                 f"![generator size]({figures['generator_size']})", ""]
-    if "learning_curves" in spec.figures:
+    if "learning_curves" in spec.figures or data.intermediate:
         out += _learning_section(data, figures, paper)
     out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
@@ -126,11 +142,46 @@ def short_glue(tasks: Sequence[str]) -> str:
     return verdicts.glue_label(tasks).split(":")[0]
 
 
+def final_health(data: SweepData, tasks: Sequence[str]) -> dict[str, dict[str, pr.Count]]:
+    """Variant -> task -> degenerate runs among its final-checkpoint runs."""
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    return {v.label: pr.counts(final, v.label, tasks) for v in data.ctx.spec.variants}
+
+
+def _dead(health: Mapping[str, Mapping[str, pr.Count]], label: str) -> bool:
+    return label in health and pr.total(health[label]).all
+
+
+def _degenerate_warning(health: Mapping[str, Mapping[str, pr.Count]]) -> list[str]:
+    dead = [v for v in health if _dead(health, v)]
+    if not dead:
+        return []
+    said = "; ".join(pr.phrase(v, health[v]) for v in dead)
+    if len(dead) == len([v for v, h in health.items() if pr.total(h).runs]):
+        return [f"**Warning: no fine-tuning run learned anything** ({said}). The scores below are what a constant "
+                "prediction scores (for accuracy, the majority class's share of the dev set), and they compare "
+                "nothing; check the fine-tuning (learning rate, epochs, training examples) and the scale of the "
+                "pre-training before reading them.", ""]
+    return [f"**Warning: {', '.join(dead)} learned nothing** ({said}): {'its' if len(dead) == 1 else 'their'} "
+            "scores are the majority class's whatever the pre-training, and no ranking or verdict counts "
+            f"{'it' if len(dead) == 1 else 'them'}.", ""]
+
+
+def ranking(values: Mapping[str, float], digits: int = 1) -> str:
+    """'a > b = c': best first, labels whose values are equal as displayed (`digits` decimals) tied, in the
+    given order."""
+    order = sorted(values, key=lambda v: -float(fmt(values[v], digits)))  # stable: ties keep their order
+    groups: dict[str, list[str]] = {}
+    for label in order:
+        groups.setdefault(fmt(values[label], digits), []).append(label)
+    return " > ".join(" = ".join(g) for g in groups.values())
+
+
 def _variant_name(label: str, row: Mapping | None) -> str:
     return f"{label} ({row['label']})" if row and row.get("label") and row["label"] != label else label
 
 
-def _spread_section(spec, summary: Summary) -> list[str]:
+def _spread_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]]) -> list[str]:
     out = ["## Spread over fine-tuning seeds", "",
            "Best-of-N is the largest of the N runs (the GLUE row: mean of the task maxima): reporting it instead of "
            "the median is what \"best seed\" results do. The GLUE row's std, min and max are over per-seed GLUE "
@@ -144,21 +195,27 @@ def _spread_section(spec, summary: Summary) -> list[str]:
             if t in s.index:
                 r = s.loc[t]
                 rows.append([v.label, TASK_NAMES[t], int(r["n"]), fmt(r["median"]), fmt(r["mean"]), fmt(r["std"], 2),
-                             fmt(r["min"]), fmt(r["max"]), fmt(r["best"])])
+                             fmt(r["min"]), fmt(r["max"]), fmt(r["best"]), pr.cell({t: health[v.label][t]})])
         seeds = summary.seed_glue[summary.seed_glue["variant"] == v.label]["glue"]
         present = [t for t in summary.tasks if t in s.index]
         rows.append([v.label, f"**{short_glue(summary.tasks)}**", len(seeds), fmt(summary.glue[v.label]), fmt(glue_of(s["mean"].to_dict())),
                      fmt(seeds.std(ddof=1) if len(seeds) > 1 else math.nan, 2), fmt(seeds.min() if len(seeds) else math.nan),
-                     fmt(seeds.max() if len(seeds) else math.nan), fmt(glue_of(s["best"].reindex(present).to_dict()))])
-    out += [table(["variant", "task", "n", "median", "mean", "std", "min", "max", "best-of-N"], rows), ""]
-    ranked = [v.label for v in spec.variants if summary.glue.get(v.label) is not None]
-    by_median = sorted(ranked, key=lambda v: -summary.glue[v])
-    best = {v: glue_of(summary.stats.loc[v]["best"].to_dict()) for v in ranked}
-    by_best = sorted(ranked, key=lambda v: -best[v])
+                     fmt(seeds.max() if len(seeds) else math.nan), fmt(glue_of(s["best"].reindex(present).to_dict())),
+                     pr.cell(health[v.label])])
+    out += [table(["variant", "task", "n", "median", "mean", "std", "min", "max", "best-of-N", "degenerate runs"],
+                  rows), ""]
+    with_runs = [v.label for v in spec.variants if summary.glue.get(v.label) is not None]
+    dead = [v for v in with_runs if _dead(health, v)]
+    ranked = [v for v in with_runs if v not in dead]
+    left_out = "; ".join(pr.phrase(v, health[v]) for v in dead)
     if len(ranked) > 1:
-        out += [f"Ranking by median GLUE: {' > '.join(by_median)}. Ranking by best-of-N GLUE: {' > '.join(by_best)}"
+        by_median = ranking({v: summary.glue[v] for v in ranked})
+        by_best = ranking({v: glue_of(summary.stats.loc[v]["best"].to_dict()) for v in ranked})
+        out += [f"Ranking by median GLUE: {by_median}. Ranking by best-of-N GLUE: {by_best}"
                 + (" (the same order)." if by_median == by_best else " (a different order: the best-seed numbers would "
-                   "change the conclusion)."), ""]
+                   "change the conclusion).") + (f" Not ranked, degenerate in every run: {left_out}." if dead else ""), ""]
+    elif dead:
+        out += [f"No ranking: {f'only {ranked[0]} has' if ranked else 'no arm has'} runs that learn ({left_out}).", ""]
     return out
 
 
@@ -185,19 +242,27 @@ def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[
 def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mapping) -> list[str]:
     spec = data.ctx.spec
     out = ["## Learning curves: GLUE against pre-training FLOPs", "",
-           "Fine-tuning runs of intermediate checkpoints of the same pre-training runs; FLOPs as the paper counts "
-           "them (electra_ablate.models.flops: forward + backward of generator and discriminator).", ""]
+           "Fine-tuning runs of every checkpoint the sweep fine-tunes, intermediate ones included, of the same "
+           "pre-training runs: each cell is the median over its fine-tuning runs; FLOPs as the paper counts them "
+           "(electra_ablate.models.flops: forward + backward of generator and discriminator).", ""]
     if "learning_curves" in figures:
         out += [f"![learning curves]({figures['learning_curves']})", ""]
     curve = learning_curve(data)
     if curve.empty:
         return out + ["No fine-tuning run of an intermediate checkpoint has finished yet.", ""]
+    runs = curve_runs(data)
+    tasks = [t for t in TASK_NAMES if t in set(runs["task"])]
     rows = []
     for _, r in curve.iterrows():
         row_paper, _ = paper_row(spec, r["variant"], paper)
         by_fraction = (row_paper or {}).get("by_fraction") or {}
         theirs = next((v for f, v in by_fraction.items() if math.isclose(float(f), r["fraction"])), None)
+        at = runs[(runs["variant"] == r["variant"]) & (runs["fraction"] == r["fraction"])]
+        medians = at.groupby("task")["score"].median()
         rows.append([r["variant"], f"{r['fraction']:g}", int(r["step"]), f"{r['flops']:.3g}" if not is_missing(r["flops"]) else "–",
-                     fmt(r["glue"]), fmt(theirs), int(r["n"])])
-    out += [table(["variant", "fraction of steps", "step", "pre-train FLOPs", "GLUE (median)", "paper", "seeds"], rows), ""]
+                     *([fmt(medians.get(t)) for t in tasks] if len(tasks) > 1 else []),
+                     fmt(r["glue"]), fmt(theirs), int(r["n"]), pr.cell(pr.counts(at, r["variant"], tasks))])
+    header = ["variant", "fraction of steps", "step", "pre-train FLOPs", *(TASK_NAMES[t] for t in tasks if len(tasks) > 1),
+              f"{short_glue(tasks)} (median)", "paper", "seeds", "degenerate runs"]
+    out += [table(header, rows), ""]
     return out

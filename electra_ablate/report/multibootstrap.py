@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -140,19 +141,22 @@ def _weighted_ranks(values: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _weighted_pearson(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Pearson correlation per row of (B, N) x and y, example i counted w[b, i] times -> (B,)."""
+    """Pearson correlation per row of (B, N) x and y, example i counted w[b, i] times -> (B,); 0 where either
+    side is constant (undefined: no ranking information, as a one-class MCC is 0; report/collect.py scores
+    such a run 0 too)."""
     n = w.sum(axis=1, keepdims=True)
     mx, my = (w * x).sum(1, keepdims=True) / n, (w * y).sum(1, keepdims=True) / n
     dx, dy = x - mx, y - my
     cov = (w * dx * dy).sum(1)
     var = (w * dx * dx).sum(1) * (w * dy * dy).sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(var > 0, cov / np.sqrt(var), np.nan)
+        return np.where(var > 0, cov / np.sqrt(var), 0.0)
 
 
 def resampled_metric(task: glue.TaskSpec, labels: np.ndarray, preds: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The task's paper metric x 100 (glue.metrics.task_score) of every run on every resample: (N,) labels, (R, N)
-    predictions, (B, N) example counts -> (B, R). Equal to glue.metrics.METRICS on the expanded resample (tested)."""
+    predictions, (B, N) example counts -> (B, R). Equal to glue.metrics.METRICS on the expanded resample (tested),
+    but 0 where that is NaN (a constant prediction's correlation)."""
     metric = task.paper_metric
     w = w.astype(float)
     n = w.sum(axis=1, keepdims=True)  # (B, 1)
@@ -312,8 +316,11 @@ def _common_examples(task: glue.TaskSpec, runs: Sequence[RunPredictions]):
 
 
 def _observed(task: glue.TaskSpec, preds: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Each run's paper metric x 100 on all the examples, with the project's metric code (glue.metrics.METRICS)."""
-    return np.array([100 * METRICS[task.paper_metric](p, labels) for p in preds])
+    """Each run's paper metric x 100 on all the examples, with the project's metric code (glue.metrics.METRICS);
+    an undefined correlation (constant predictions) is 0, as in the resamples."""
+    with warnings.catch_warnings():  # scipy's ConstantInputWarning: the NaN it warns of becomes 0 here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nan_to_num(np.array([100 * METRICS[task.paper_metric](p, labels) for p in preds]), nan=0.0)
 
 
 def notes(boot: Bootstrap, arms: Sequence[str]) -> tuple[str, ...]:

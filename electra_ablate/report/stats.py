@@ -103,9 +103,18 @@ def summarize(data: SweepData) -> Summary:
     return Summary(tasks, medians, glue_scores, stats, per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"]), differences)
 
 
+def curve_runs(data: SweepData) -> pd.DataFrame:
+    """The score rows of pre-trained checkpoints: random-init arms (their pretrain_run is the run they are
+    shaped like) and imported models have no pre-training to draw a curve over."""
+    if not len(data.scores):
+        return data.scores
+    shaped = {v.label for v in data.ctx.spec.variants if v.random_init_of is not None}
+    return data.scores[data.scores["pretrain_run"].notna() & ~data.scores["variant"].isin(shaped)]
+
+
 def learning_curve(data: SweepData) -> pd.DataFrame:
     """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count."""
-    s = data.scores[data.scores["pretrain_run"].notna()] if len(data.scores) else data.scores
+    s = curve_runs(data)
     rows = []
     tasks = [t for t in glue.TASKS if t in set(s["task"])] if len(s) else []
     for (variant, fraction), g in s.groupby(["variant", "fraction"]) if len(s) else []:

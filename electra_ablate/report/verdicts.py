@@ -8,21 +8,22 @@ logged without that artifact fall back to their final scores (seeds resampled, e
 without pre-training (`pretrained: none`, or `random_init_of: <variant>`: random weights shaped like that
 variant's checkpoints) draws a fresh random encoder in every run, so each of its runs is its own group.
 
-A claim *holds* when the 95% interval of (better - worse) lies above 0, is *reversed* when it lies below,
-and is *unresolved at this scale* otherwise; for an unresolved claim the table says how many seeds the
-observed variance asks for (the seed part of the bootstrap variance shrinks as 1/seeds, the dev-example
-part does not: multibootstrap.seeds_to_resolve).
+A claim is *degenerate* when an arm it compares is degenerate in every run (report/predictions.py: its
+dev predictions are one class, or a constant): that arm scores the majority class whatever it was
+pre-trained on, so no difference is estimated. Otherwise a claim *holds* when the 95% interval of
+(better - worse) lies above 0, is *reversed* when it lies below, and is *unresolved at this scale*
+otherwise, with any arm's degenerate runs named beside it; for an unresolved claim the table says how many
+seeds the observed variance asks for (the seed part of the bootstrap variance shrinks as 1/seeds, the
+dev-example part does not: multibootstrap.seeds_to_resolve).
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
@@ -30,9 +31,10 @@ import yaml
 
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import multibootstrap as mb
+from electra_ablate.report import predictions as pr
 
 CLAIMS = Path(__file__).with_name("claims.yaml")
-PREDICTIONS_ARTIFACT = "predictions/dev_predictions.tsv"  # written by finetune.train_task
+DEGENERATE = "degenerate"
 NO_PRETRAINING = "none"  # the `pretrained` value of a random-init variant
 CLAIM_KEYS = {"claim", "figure", "better", "worse", "axis"}
 
@@ -131,33 +133,17 @@ def group_of(variant, pretrain_run) -> str | None:
     return f"pretrained:{variant.pretrained}"
 
 
-def load_run_predictions(client, run_id: str, task: str) -> mb.RunPredictions | None:
-    """(index, labels, predictions) of a fine-tuning run from its artifact; None when it has none. A local
-    artifact store is read in place (no copy, no progress bar per run)."""
-    uri = urlparse(client.get_run(run_id).info.artifact_uri)
-    if uri.scheme in ("", "file"):
-        path = Path(unquote(uri.path)) / PREDICTIONS_ARTIFACT
-        return _read(path, run_id, task) if path.is_file() else None
-    with tempfile.TemporaryDirectory(prefix="electra_ablate_preds_") as tmp:
-        try:
-            path = client.download_artifacts(run_id, PREDICTIONS_ARTIFACT, tmp)
-        except Exception:  # MlflowException / OSError: a run logged before predictions were kept
-            return None
-        return _read(path, run_id, task)
-
-
-def _read(path, run_id: str, task: str) -> mb.RunPredictions:
-    index, labels, preds = mb.read_predictions(path, glue.get_task(task))
-    return mb.RunPredictions(None, 0, index, labels, preds)
-
-
 @dataclass
 class Arms:
-    """Per variant and task, each final-checkpoint run as RunPredictions (when its artifact exists) and
-    RunScore (always)."""
+    """Per variant and task, each final-checkpoint run as RunPredictions (when its artifact exists), RunScore
+    (always) and whether it is degenerate (True / False / None: unknown)."""
 
     predictions: dict[str, dict[str, list[mb.RunPredictions | None]]]
     scores: dict[str, dict[str, list[mb.RunScore]]]
+    degenerate: dict[str, dict[str, list[bool | None]]] = field(default_factory=dict)
+
+    def health(self, label: str, tasks: Sequence[str]) -> dict[str, pr.Count]:
+        return {t: pr.count(self.degenerate.get(label, {}).get(t, [])) for t in tasks}
 
     def of(self, labels: Sequence[str]) -> tuple[dict[str, dict[str, list]], bool]:
         """{label: {task: runs}} for a comparison: predictions when every run of these labels has them."""
@@ -166,18 +152,26 @@ class Arms:
         return {v: source[v] for v in labels}, complete
 
 
-def collect_arms(spec, final: pd.DataFrame, client) -> Arms:
-    """Arms of every variant from the report's final-checkpoint score rows (report.collect)."""
+def collect_arms(spec, final: pd.DataFrame, client,
+                 loaded: Mapping[str, mb.RunPredictions | None] | None = None) -> Arms:
+    """Arms of every variant from the report's final-checkpoint score rows (report.collect); `loaded`: the
+    runs' predictions already read (SweepData.predictions), by run id."""
     preds: dict = {v.label: {} for v in spec.variants}
     scores: dict = {v.label: {} for v in spec.variants}
+    flags: dict = {v.label: {} for v in spec.variants}
     for _, r in final.iterrows():
         variant = spec.variant(r["variant"])
         group = group_of(variant, r["pretrain_run"])
-        p = load_run_predictions(client, r["run_id"], r["task"])
+        if loaded is not None and r["run_id"] in loaded:
+            p = loaded[r["run_id"]]
+        else:
+            p = pr.load_run_predictions(client, r["run_id"], r["task"])
         preds[r["variant"]].setdefault(r["task"], []).append(
             None if p is None else p._replace(group=group, seed=int(r["seed"])))
         scores[r["variant"]].setdefault(r["task"], []).append(mb.RunScore(group, int(r["seed"]), float(r["score"])))
-    return Arms(preds, scores)
+        flag = r["degenerate"] if "degenerate" in r.index else pr.is_degenerate(r["task"], p)
+        flags[r["variant"]].setdefault(r["task"], []).append(None if pd.isna(flag) else bool(flag))
+    return Arms(preds, scores, flags)
 
 
 # --- verdicts -----------------------------------------------------------------------------------------------
@@ -193,6 +187,17 @@ class Verdict:
     examples: bool  # dev examples resampled (every run had predictions)
     verdict: str
     resolve: str
+    health: dict[str, dict[str, pr.Count]] = field(default_factory=dict)  # arm -> task -> degenerate runs
+
+    @property
+    def note(self) -> str:
+        """The arms that learned nothing in every run (a degenerate verdict), else those partly degenerate."""
+        if self.verdict == DEGENERATE:
+            shown = [a for a, h in self.health.items() if pr.total(h).all]
+        else:
+            shown = [a for a, h in self.health.items() if pr.total(h).any]
+        text = "; ".join(pr.phrase(a, self.health[a]) for a in shown)
+        return text if self.verdict == DEGENERATE or not text else f"partly degenerate: {text}"
 
 
 def verdict_of(d: mb.Difference) -> str:
@@ -220,12 +225,14 @@ def what_it_takes(d: mb.Difference, verdict: str, groups: Mapping[str, int], per
 
 
 def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping | None = None,
-             samples: int = mb.SAMPLES, seed: int = mb.SEED) -> list[Verdict]:
-    """One verdict per claim of the sweep, from its final-checkpoint runs (`final`: report score rows)."""
+             samples: int = mb.SAMPLES, seed: int = mb.SEED,
+             predictions: Mapping[str, mb.RunPredictions | None] | None = None) -> list[Verdict]:
+    """One verdict per claim of the sweep, from its final-checkpoint runs (`final`: report score rows;
+    `predictions`: their dev predictions by run id, when already read)."""
     todo = sweep_claims(spec, paper, claims)
     if not todo:
         return []
-    arms = collect_arms(spec, final, client)
+    arms = collect_arms(spec, final, client, predictions)
     out = []
     for claim in todo:
         labels = list(dict.fromkeys(claim.better + claim.worse))
@@ -236,13 +243,20 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
             out.append(Verdict(claim, None, (), {}, math.nan, False, "not run",
                                f"fine-tuning runs of {', '.join(missing or labels)}"))
             continue
+        health = {v: arms.health(v, tasks) for v in labels}
+        dead = [v for v in labels if pr.total(health[v]).all]
+        if dead:  # the arm scores the majority class whatever it was pre-trained on: nothing to estimate
+            out.append(Verdict(claim, None, tuple(tasks), {}, math.nan, complete, DEGENERATE,
+                               f"fine-tuning runs of {', '.join(dead)} that learn (as run, they score what a "
+                               "constant prediction scores, whatever the pre-training)", health))
+            continue
         boot = mb.bootstrap(runs, tasks, samples, seed)
         d = mb.difference(mb.best_of([boot.glue[v] for v in claim.better]),
                           mb.best_of([boot.glue[v] for v in claim.worse]))
         per_group = float(np.median([len(runs[v][t]) / boot.groups[v] for v in labels for t in tasks]))
         verdict = verdict_of(d)
         out.append(Verdict(claim, d, tuple(tasks), dict(boot.groups), per_group, complete, verdict,
-                           what_it_takes(d, verdict, boot.groups, per_group)))
+                           what_it_takes(d, verdict, boot.groups, per_group), health))
     return out
 
 
@@ -265,12 +279,18 @@ def render(results: Sequence[Verdict]) -> list[str]:
     out += ["Each claim's difference (better - worse, mean over runs x 100 on the tasks named) is a multi-bootstrap "
             f"estimate (Sellam et al. 2022; {mb.SAMPLES} samples, seed {mb.SEED}) resampling pre-training seeds, "
             "fine-tuning seeds and dev examples together (examples paired across arms); a set of variants counts "
-            "with its best member. Verdict: *holds* if the 95% interval is above 0, *reversed* if below, "
-            "*unresolved at this scale* otherwise. P(sign) is the share of bootstrap samples whose difference "
-            "has the estimate's sign.", ""]
+            "with its best member. Verdict: *degenerate* if an arm's every fine-tuning run predicts a single "
+            "class (a constant for regression), so that it scores the majority class whatever its pre-training "
+            "and no difference is estimated; else *holds* if the 95% interval is above 0, *reversed* if below, "
+            "*unresolved at this scale* otherwise, with any degenerate runs named. P(sign) is the share of "
+            "bootstrap samples whose difference has the estimate's sign.", ""]
     rows, notes = [], []
     for v in results:
         c = v.claim
+        if v.verdict == DEGENERATE:
+            rows.append([c.text, c.figure, c.paper or "–", glue_label(v.tasks), "–", "–", f"**degenerate**: {v.note}",
+                         v.resolve])
+            continue
         if v.difference is None:
             rows.append([c.text, c.figure, c.paper or "–", "–", "–", "–", v.verdict, v.resolve])
             continue
@@ -279,8 +299,8 @@ def render(results: Sequence[Verdict]) -> list[str]:
         if min(v.groups.values()) < 2:
             covers.append("one pre-training seed")
         if not v.examples:
-            covers.append("no predictions: examples not resampled")
-        verdict = v.verdict + (f" ({'; '.join(covers)})" if covers else "")
+            covers.append("no predictions: examples not resampled, degenerate runs unknown")
+        verdict = v.verdict + (f" ({'; '.join(covers)})" if covers else "") + (f"; {v.note}" if v.note else "")
         rows.append([c.text, c.figure, c.paper or "–", glue_label(v.tasks),
                      f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]", f"{d.sign_probability:.2f}", verdict,
                      v.resolve])
