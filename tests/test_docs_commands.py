@@ -1,0 +1,635 @@
+"""Every command the README and docs/*.md show, run the way a user runs it.
+
+The other tests compose configs in Python; these start the documented commands in fresh processes, on the
+hermetic data folder (conftest.py), in a temporary ELECTRA_ABLATE_HOME and working directory, with reports
+sent to a temporary folder, so a command that stops working, or no longer writes what the text says it
+writes, fails here. tests/docs_commands.py reads the commands out of the markdown.
+
+Each documented command is looked up in COMMANDS by its text (or in SKIP_PATTERNS by its program):
+
+- `Smoke`: run it at smoke scale. `args` shrink it (a `key=value` replaces the command's own value of `key`,
+  else is appended; `--flag value` likewise), `replace` substitutes placeholders and paths in the text
+  (values may come from another documented command's smoke run: `FromRun`), `check` asserts what the text
+  says the command writes. Expensive ones are marked `slow`.
+- `Skip`: not run here, with the reason (a GPU, a cluster, the network, a server, an install, the test
+  suite itself). pytest shows the reason.
+
+A command in neither fails `test_documented_command_runs`, in the default run: a newly documented command
+gets smoke settings or a skip reason before it is merged. Every command of a Hydra entry point (pretrain,
+finetune, sweep, report), skipped ones included, is also composed in-process by
+`test_documented_command_composes` (default run, about a second each): its keys pass the command line's key
+check and Hydra composes it (a sweep or a report: every job's config too). So a command that needs a GPU
+is still checked as far as a CPU machine can check it.
+
+`test_quick_sweep_report_shows_a_run_off_the_majority_class` (slow) reads the report of the README's main
+job, fine-tuned long enough to learn the hermetic SST-2, as a user reads it.
+
+Subprocesses get OMP_NUM_THREADS=1 unless the command sets it: on 2 cores shared with other jobs, two torch
+threads per process were 3x slower than one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import lzma
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from docs_commands import DocCommand, documented_commands, normalize, program, split_env
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+COMMANDS_FOUND = documented_commands(REPO)
+HYDRA_ENTRY_POINTS = {"electra_ablate.pretrain": "pretrain", "electra_ablate.finetune": "finetune",
+                      "electra_ablate.sweep": "sweep", "electra_ablate.report": "sweep"}
+TIMEOUT_S = 1800
+
+# --- smoke-scale settings -----------------------------------------------------------------------------------
+
+# A 2-step pre-training run on a few hundred documents of the hermetic corpus, whatever the model size.
+PRETRAIN_2_STEPS = ("trainer.max_steps=2", "optim.warmup_steps=1", "data.max_docs=200", "data.batch_size=4",
+                    "data.max_seq_length=64", "runtime.num_workers=0", "trainer.enable_progress_bar=false")
+# The tiny shape of conftest.TINY_PRETRAIN (2 layers, hidden 64): fine-tuning it is seconds.
+TINY_SHAPE = ("model.hidden_size=64", "model.embedding_size=32", "model.num_hidden_layers=2",
+              "model.num_attention_heads=2", "model.intermediate_size=128")
+FINETUNE_SMALL = ("glue_data.max_train_examples=16", "glue_data.max_eval_examples=16", "glue_data.max_seq_length=32",
+                  "task.epochs=1", "runtime.num_workers=0", "trainer.enable_progress_bar=false")
+# The quick sweep shrunk, but with enough fine-tuning that a tiny encoder leaves the majority class of the
+# hermetic SST-2 (128 training rows: 20 epochs are 80 steps). Measured on the hermetic data with the 2-layer
+# shape and fine-tuning lr 3e-4, 1e-3 and 2e-3: dev accuracy 58-97 for every seed tried (majority: 50).
+QUICK_EPOCHS = 20
+
+
+def hydra_list(key: str, items) -> str:
+    """`key=['a=1','b=2']`: Hydra reads an unquoted `=` inside a list as a syntax error."""
+    return f"{key}=[{','.join(repr(i) for i in items)}]"
+
+
+QUICK_PRETRAIN = hydra_list("pretrain_overrides", [*TINY_SHAPE, "trainer.max_steps=2", "optim.warmup_steps=1",
+                                                   "data.max_docs=200", "data.batch_size=8"])
+QUICK_FINETUNE = hydra_list("finetune_overrides", [f"task.epochs={QUICK_EPOCHS}"])
+
+
+@dataclass(frozen=True)
+class FromRun:
+    """A value produced by the smoke run of another documented command (`attr` of its Result)."""
+
+    command: str
+    attr: str  # run_id | pretrained_dir
+    dummy: str = "0" * 32  # stands in when a command is only composed
+
+
+@dataclass(frozen=True)
+class Skip:
+    reason: str
+    replace: dict = field(default_factory=dict)  # placeholders, for the composition check
+
+
+@dataclass(frozen=True)
+class Smoke:
+    args: tuple[str, ...] = ()
+    replace: dict = field(default_factory=dict)  # text -> str ("{tmp}": the command's folder) or FromRun
+    check: Callable | None = None  # check(result, runner)
+    slow: bool = True
+    setup: Callable | None = None  # setup(tmp): write the files the substituted command reads
+    pythonpath: tuple[str, ...] = ()  # extra entries (tests/: the toy objective of docs/architecture.md)
+
+
+@dataclass
+class Result:
+    doc: str
+    words: list[str]
+    tmp: Path
+    returncode: int
+    output: str
+    seconds: float
+
+    @property
+    def shell(self) -> str:
+        return shlex.join(self.words)
+
+    def error_line(self) -> str:
+        lines = [x for x in self.output.splitlines() if x.strip()]
+        errors = [x for x in lines if x.startswith(("error:", "Error", "ERROR")) or "Error:" in x or "Exception" in x]
+        return (errors or lines or ["(no output)"])[-1].strip()
+
+    def _pretrained(self) -> tuple[str, str, str]:
+        found = re.findall(r"pre-trained (\S+) -> (\S+) \(MLflow run ([0-9a-f]{32})\)", self.output)
+        assert found, f"`{self.shell}` printed no 'pre-trained <name> -> <dir> (MLflow run <id>)' line"
+        return found[-1]
+
+    @property
+    def run_id(self) -> str:
+        return self._pretrained()[2]
+
+    @property
+    def pretrained_dir(self) -> str:
+        return self._pretrained()[1]
+
+
+# --- checks: what the text says each command writes ---------------------------------------------------------
+
+
+def check_pretrained(result: Result, runner: Runner) -> None:
+    """README: a run writes under <outputs>/pretrain/<experiment>/<config hash>/ `checkpoints/last.ckpt` and the
+    pre-trained network `pretrained/final`."""
+    final = Path(result.pretrained_dir)
+    run_dir = final.parent.parent
+    assert final == run_dir / "pretrained" / "final" and run_dir.parent.parent == runner.home / "pretrain", final
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert {"config.json", "model.pt"} <= {p.name for p in final.iterdir()}, sorted(final.iterdir())
+
+
+def check_finetuned(*expected: tuple[str, int]) -> Callable:
+    """Each (task, seed) fine-tuned to a final score, as its own FINISHED MLflow run."""
+
+    def check(result: Result, runner: Runner) -> None:
+        for task, seed in expected:
+            assert re.search(rf"\b{task} seed={seed}: final/\w+=", result.output), f"no final score for {task} seed={seed}"
+        finished = {(r.data.tags.get("task"), r.data.tags.get("seed")) for r in runner.runs(kind="finetune")}
+        assert {(t, str(s)) for t, s in expected} <= finished, finished
+
+    return check
+
+
+def check_report(name: str, variants: tuple[str, ...], ran: bool = True) -> Callable:
+    """reports/<name>.md (under the report_dir the test passed): when the sweep ran, a row per variant in its
+    tables and no failed or missing job; when nothing ran (the report alone), every variant listed missing."""
+
+    def check(result: Result, runner: Runner) -> None:
+        path = result.tmp / "reports" / f"{name}.md"
+        assert f"report: {path}" in result.output, f"the command did not say it wrote {path}"
+        text = path.read_text()
+        missing = section(text, "Failed and missing runs")
+        for v in variants:
+            if ran:
+                assert re.search(rf"^\| {re.escape(v)}\b", text, re.M), f"no row for variant {v} in {path}"
+            else:
+                assert re.search(rf"^- pre-training {re.escape(v)} seed \d+ .*: missing", missing, re.M), missing
+        if ran:
+            assert missing.strip() == "None: every job of the grid finished.", missing
+
+    return check
+
+
+def check_exported(result: Result, runner: Runner) -> None:
+    """README: export writes discriminator/ (or mlm/) and generator/ directories transformers loads."""
+    for part in ("discriminator", "generator"):
+        assert (result.tmp / "exported" / part / "config.json").is_file(), sorted((result.tmp / "exported").rglob("*"))
+
+
+def check_bench_build(result: Result, runner: Runner) -> None:
+    out = result.tmp / "reports" / "benchmarks_corpus_build.md"
+    assert out.is_file() and "word pieces/s" in out.read_text(), out
+
+
+def check_lrprobe(random_init: bool, jobs: int) -> Callable:
+    """docs/cpu_scale.md's probe: every (encoder, lr, seed) job FINISHED in the experiment `lrprobe`."""
+
+    def check(result: Result, runner: Runner) -> None:
+        runs = [r for r in runner.runs(experiment="lrprobe", kind="finetune")
+                if (r.data.tags.get("random_init") == "true") == random_init]
+        assert len(runs) >= jobs, [(r.data.tags, r.data.params.get("finetune_optim.lr")) for r in runs]
+
+    return check
+
+
+def check_pilot(result: Result, runner: Runner) -> None:
+    check_pretrained(result, runner)
+    assert re.search(r"pre-trained bert-", result.output)
+
+
+def check_my_objective(result: Result, runner: Runner) -> None:
+    check_pretrained(result, runner)
+    run = runner.client().get_run(result.run_id)
+    assert run.data.tags.get("objective") == "my_objective", run.data.tags
+
+
+def check_joblib_pretrain(result: Result, runner: Runner) -> None:
+    """docs/reliability.md: exit code 0, both runs FINISHED."""
+    seeds = {r.data.tags.get("seed") for r in runner.runs(kind="pretrain", objective="bert")
+             if r.data.params.get("trainer.max_steps") == "4"}
+    assert {"0", "1"} <= seeds, seeds
+
+
+def section(text: str, title: str) -> str:
+    """The body of a markdown `## title` section."""
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    return m.group(1) if m else ""
+
+
+# --- setups: files a substituted command reads --------------------------------------------------------------
+
+
+def write_text_corpora(tmp: Path) -> None:
+    """README's `data.paths=[/corpora/wiki,/corpora/books/*.txt.zst]`: a folder of plain text and zstd files."""
+    import zstandard
+
+    with lzma.open(Path(os.environ["ELECTRA_ABLATE_DATA"]) / "corpus" / "enwiki_2014_slice.txt.xz", "rt") as f:
+        text = f.read()
+    docs = text.split("\n\n")
+    half = len(docs) // 2
+    (tmp / "corpora" / "wiki").mkdir(parents=True)
+    (tmp / "corpora" / "books").mkdir(parents=True)
+    for i in range(2):
+        part = docs[i * half // 2:(i + 1) * half // 2]
+        (tmp / "corpora" / "wiki" / f"part{i}.txt").write_text("\n\n".join(part) + "\n")
+        book = "\n\n".join(docs[half + i * half // 2:half + (i + 1) * half // 2]) + "\n"
+        (tmp / "corpora" / "books" / f"book{i}.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(book.encode()))
+
+
+def write_my_conf(tmp: Path) -> None:
+    """docs/architecture.md's `objective/<name>.yaml` in a folder of one's own, naming tests/toy_variants.py's
+    objective as `my_package.my_objective.MyObjective`."""
+    (tmp / "my_conf" / "objective").mkdir(parents=True)
+    (tmp / "my_conf" / "objective" / "my_objective.yaml").write_text(
+        "_target_: toy_variants.ShuffledTokenDetection\nname: my_objective\nmask_prob: 0.15\n")
+
+
+def write_cpu_evidence_2x2(tmp: Path) -> None:
+    """sweeps/cpu_evidence.yaml with 2 pre-training and 2 fine-tuning seeds instead of 3 and 5 (seeds are set
+    only in the sweep file): the same arms, scale and multi-seed report."""
+    text = (REPO / "sweeps" / "cpu_evidence.yaml").read_text()
+    text, n = re.subn(r"^seeds: \[.*\]$", "seeds: [0, 1]", text, flags=re.M)
+    text, m = re.subn(r"^pretrain_seeds: \[.*\]$", "pretrain_seeds: [0, 1]", text, flags=re.M)
+    assert n == m == 1, "sweeps/cpu_evidence.yaml no longer sets seeds and pretrain_seeds at the top level"
+    (tmp / "cpu_evidence.yaml").write_text(text)
+
+
+# --- the tables ---------------------------------------------------------------------------------------------
+
+PRETRAIN_SMALL = ("python -m electra_ablate.pretrain objective=electra sharing=embeddings model=small "
+                  "generator.hidden_size=0.25 seed=3 trainer.max_steps=1000")
+PILOT = ("OMP_NUM_THREADS=1 python -m electra_ablate.pretrain model=tiny data=wiki data.max_docs=40000 "
+         "data.train_vocab_size=8000 data.max_seq_length=64 data.batch_size=128 optim.warmup_steps=40 "
+         "trainer.max_steps=400 logger.log_every_n_steps=25 runtime.precision=bf16-mixed runtime.num_workers=0 "
+         "seed=0 <pilot overrides>")
+QUICK = "python -m electra_ablate.sweep sweep=quick"
+REPORT_DIR = "report_dir={tmp}/reports"
+RUN_ID = FromRun(PRETRAIN_SMALL, "run_id")
+PRETRAINED_DIR = FromRun(PRETRAIN_SMALL, "pretrained_dir", dummy="/nonexistent/pretrained/final")
+BERT_DIR = FromRun(PILOT, "pretrained_dir", dummy="/nonexistent/bert/pretrained/final")
+QUICK_SMOKE = Smoke((QUICK_PRETRAIN, QUICK_FINETUNE, REPORT_DIR), check=check_report("quick", ("electra", "bert", "none")))
+PYTEST = "runs the test suite itself (this module is part of it)"
+GPU = "needs GPUs"
+
+COMMANDS: dict[str, Smoke | Skip] = {
+    # README: quick start
+    "bash setup.sh && . .venv/bin/activate": Skip("makes a virtual environment and installs packages (network)"),
+    "bash setup.sh": Skip("makes a virtual environment and installs packages (network)"),
+    QUICK: QUICK_SMOKE,
+    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_evidence hydra/launcher=joblib hydra.launcher.n_jobs=2":
+        Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
+              replace={"sweep=cpu_evidence": "sweep={tmp}/cpu_evidence.yaml"}, setup=write_cpu_evidence_2x2,
+              check=check_report("cpu_evidence", ("electra", "bert", "none"))),
+    # README: the paper's sweeps on GPUs and clusters
+    "python -m electra_ablate.sweep sweep=table5_efficiency scale=base hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8":
+        Skip(GPU + " (8, one job per GPU)"),
+    "python -m electra_ablate.sweep sweep=table1_small scale=small hydra/launcher=slurm_gpu hydra.launcher.partition=<partition>":
+        Skip("needs a SLURM cluster with GPUs", replace={"<partition>": "gpu"}),
+    "python -m electra_ablate.sweep sweep=generator_size scale=base hydra/launcher=ray_gpu hydra.launcher.ray.init.address=auto":
+        Skip("needs the `ray` extra and a Ray cluster with GPUs"),
+    "python -m electra_ablate.sweep sweep=weight_sharing scale=base 'pretrain_overrides=[trainer=ddp]'":
+        Skip(GPU + " (trainer=ddp spans every GPU of the machine)"),
+    "python -m electra_ablate.report sweep=table1_small scale=small":
+        Smoke((REPORT_DIR,), check=check_report("table1_small", ("electra", "bert"), ran=False)),
+    # README: speed
+    "python -m electra_ablate.bench --models tiny,small": Skip("the full-size benchmark (tens of minutes on a CPU)"),
+    "python -m electra_ablate.bench --models tiny --sections build --out reports/benchmarks_corpus_build.md":
+        Smoke(("--quick", "--threads 1", "--build-workers 1", "--build-max-docs 200", "--cache-dir {tmp}/cache"),
+              check=check_bench_build),
+    # README: pre-train one variant, corpora of the paper's size
+    PRETRAIN_SMALL: Smoke(PRETRAIN_2_STEPS, check=check_pretrained, slow=False),
+    "python -m electra_ablate.pretrain experiment=small": Smoke(PRETRAIN_2_STEPS, check=check_pretrained),
+    "python -m electra_ablate.pretrain experiment=small data=text_files 'data.paths=[/corpora/wiki,/corpora/books/*.txt.zst]'":
+        Smoke(PRETRAIN_2_STEPS, replace={"/corpora/": "{tmp}/corpora/"}, setup=write_text_corpora,
+              check=check_pretrained),
+    "python -m electra_ablate.pretrain experiment=small data=hf_dataset data.name=Skylion007/openwebtext data.streaming=true":
+        Skip("streams a dataset from the Hugging Face hub (network)"),
+    # README: fine-tune on GLUE
+    "python -m electra_ablate.finetune pretrained=<MLflow run id | pretrained dir | hf:<dir or hub id> | none> task=rte seed=7":
+        Smoke(FINETUNE_SMALL, replace={"<MLflow run id | pretrained dir | hf:<dir or hub id> | none>": PRETRAINED_DIR},
+              check=check_finetuned(("rte", 7))),
+    "python -m electra_ablate.finetune -m pretrained=<run id> task=rte,mrpc,stsb seed=0,1,2,3,4,5,6,7,8,9":
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<run id>": RUN_ID},
+              check=check_finetuned(("rte", 0), ("mrpc", 0), ("stsb", 0))),
+    # README: Hugging Face transformers
+    "python -m electra_ablate.export <pre-training run id | pretrained dir> exported/":
+        Smoke(replace={"<pre-training run id | pretrained dir>": RUN_ID}, check=check_exported, slow=False),
+    # README: MLflow
+    "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000": Skip("starts a server"),
+    # docs/architecture.md: add your own objective
+    "python -m electra_ablate.pretrain 'hydra.searchpath=[file:///path/to/my_conf]' objective=my_objective":
+        Smoke((*PRETRAIN_2_STEPS, "model=tiny", *TINY_SHAPE), replace={"/path/to/my_conf": "{tmp}/my_conf"},
+              setup=write_my_conf, pythonpath=(str(TESTS),), check=check_my_objective),
+    # docs/cpu_scale.md: the pilots and the fine-tuning lr probe
+    PILOT: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "logger.log_every_n_steps=1"),
+                 replace={"<pilot overrides>": "objective=bert optim.lr=1e-3"}, check=check_pilot),
+    ("python -m electra_ablate.finetune -m hydra/launcher=joblib hydra.launcher.n_jobs=2 "
+     "pretrained=<bert-s0 pretrained/final>,<electra-s0 pretrained/final> random_init=false task=sst2 seed=0,1 "
+     "finetune_optim.lr=3e-4,1e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=4000 task.epochs=2 "
+     "runtime.num_workers=0 logger.experiment=lrprobe"):
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert-s0 pretrained/final>": BERT_DIR,
+                                                    "<electra-s0 pretrained/final>": PRETRAINED_DIR},
+              check=check_lrprobe(random_init=False, jobs=4)),
+    ("python -m electra_ablate.finetune -m hydra/launcher=joblib hydra.launcher.n_jobs=2 "
+     "pretrained=<bert-s0 pretrained/final> random_init=true task=sst2 seed=0,1 finetune_optim.lr=3e-4,1e-3,5e-3 "
+     "glue_data.max_seq_length=64 glue_data.max_train_examples=4000 task.epochs=2 runtime.num_workers=0 "
+     "logger.experiment=lrprobe"):
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert-s0 pretrained/final>": BERT_DIR},
+              check=check_lrprobe(random_init=True, jobs=3)),
+    # docs/dashboard.md
+    "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
+        Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),
+    "python scripts/dashboard_check.py --store sqlite:///outputs/mlflow.db --experiment quick":
+        Skip("needs headless Chromium (apt-get install chromium) and the store of a finished quick sweep"),
+    # docs/reliability.md
+    "python -m electra_ablate.export": Skip("names the entry point without arguments; README's export command runs it"),
+    "mlflow db upgrade sqlite:///...": Skip("recovery advice for a broken store, its path left out"),
+    "for k in 0 1 2 3 4 5 6 7; do python worker.py sqlite:///$D/mlflow.db e 12 w$k & done; wait":
+        Skip("a measurement recipe: worker.py is WRITER in tests/test_reliability.py, which runs it"),
+    ("python -m electra_ablate.pretrain -m objective=bert seed=0,1 model=tiny model.hidden_size=64 "
+     "model.embedding_size=32 model.num_hidden_layers=2 model.num_attention_heads=2 model.intermediate_size=128 "
+     "data.max_seq_length=64 data.batch_size=16 data.max_docs=400 data.train_vocab_size=2000 trainer.max_steps=4 "
+     "optim.warmup_steps=1 paths.root_dir=$D hydra/launcher=joblib hydra.launcher.n_jobs=2"):
+        Smoke(replace={"$D": "{tmp}"}, check=check_joblib_pretrain),
+    # docs/scaling.md
+    "python -m electra_ablate.sweep sweep=<name>": dataclasses.replace(QUICK_SMOKE, replace={"<name>": "quick"}),
+}
+# Whole classes of commands, whatever their arguments.
+SKIP_PATTERNS = [
+    (re.compile(r"^python -m pytest\b"), PYTEST),
+    (re.compile(r"^mlflow ui\b"), "starts a server"),
+    (re.compile(r"^pip install\b"), "installs packages (network)"),
+    (re.compile(r"^apt-get install\b"), "installs system packages (root, network)"),
+]
+
+
+def spec_of(cmd: DocCommand) -> Smoke | Skip | None:
+    if cmd.text in COMMANDS:
+        return COMMANDS[cmd.text]
+    for pattern, reason in SKIP_PATTERNS:
+        if pattern.search(cmd.text):
+            return Skip(reason)
+    return None
+
+
+# --- running ------------------------------------------------------------------------------------------------
+
+
+def apply_args(words: list[str], args: tuple[str, ...]) -> list[str]:
+    """Each `key=value` replaces the word setting `key` (else is appended); `--flag [value]` likewise."""
+    words = list(words)
+    for arg in args:
+        if arg.startswith("--"):
+            flag, *value = arg.split(" ", 1)
+            if flag in words:
+                i = words.index(flag)
+                words[i + 1:i + 1 + len(value)] = value
+            else:
+                words += [flag, *value]
+            continue
+        key = arg.split("=", 1)[0]
+        same = [i for i, w in enumerate(words) if w.split("=", 1)[0].lstrip("+~") == key]
+        if same:
+            words[same[0]] = arg
+        else:
+            words.append(arg)
+    return words
+
+
+def substitute(text: str, spec: Smoke | Skip, tmp: Path, value: Callable[[FromRun], str]) -> str:
+    for old, new in spec.replace.items():
+        text = text.replace(old, value(new) if isinstance(new, FromRun) else new.format(tmp=tmp))
+    return text
+
+
+def command_words(cmd_text: str, spec: Smoke | Skip, tmp: Path, value: Callable[[FromRun], str]) -> tuple[dict, list[str]]:
+    env, words = split_env(substitute(cmd_text, spec, tmp, value))
+    if isinstance(spec, Smoke):
+        words = apply_args(words, tuple(a.format(tmp=tmp) for a in spec.args))
+    return env, words
+
+
+class Runner:
+    """Runs documented commands once each per session, in one ELECTRA_ABLATE_HOME (so that a run id one
+    command prints is found by the next), each in a folder of its own as working directory."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.home = root / "home"
+        self.results: dict[str, Result] = {}
+
+    def value(self, ref: FromRun) -> str:
+        result = self.run(ref.command)
+        if result.returncode:
+            pytest.fail(f"needs the smoke run of `{ref.command}`, which failed: {result.error_line()}")
+        return getattr(result, ref.attr)
+
+    def run(self, text: str) -> Result:
+        spec = COMMANDS[text]
+        # Cached by the command line as run, its own folder left as "{tmp}": README's `sweep=quick` and
+        # docs/scaling.md's `sweep=<name>` run once. Values from other commands' runs are resolved here.
+        key = shlex.join(command_words(text, spec, Path("{tmp}"), self.value)[1])
+        if key in self.results:
+            return self.results[key]
+        tmp = Path(tempfile.mkdtemp(prefix="cmd", dir=self.root))
+        env_prefix, words = command_words(text, spec, tmp, self.value)
+        if spec.setup:
+            spec.setup(tmp)
+        if words[0] in ("python", "python3"):
+            words[0] = sys.executable
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("MLFLOW_TRACKING_URI", "ELECTRA_ABLATE_ROOT", "PYTEST_CURRENT_TEST")}
+        env.update(PYTHONPATH=os.pathsep.join([str(REPO), *spec.pythonpath]), ELECTRA_ABLATE_HOME=str(self.home),
+                   HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+        env.update(env_prefix)
+        tic = time.perf_counter()
+        proc = subprocess.run(words, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=TIMEOUT_S)
+        result = Result(text, words, tmp, proc.returncode, proc.stdout, time.perf_counter() - tic)
+        print(f"{time.perf_counter() - tic:6.1f} s  exit {proc.returncode}  {result.shell}")
+        self.results[key] = result
+        return result
+
+    def client(self):
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(f"sqlite:///{self.home}/mlflow.db")
+
+    def runs(self, experiment: str | None = None, kind: str | None = None, **tags: str) -> list:
+        """FINISHED runs of the shared store, by experiment and tags."""
+        client = self.client()
+        exps = [e.experiment_id for e in client.search_experiments() if experiment in (None, e.name)]
+        filters = ["attributes.status = 'FINISHED'"] + ([f"tags.kind = '{kind}'"] if kind else [])
+        filters += [f"tags.{k} = '{v}'" for k, v in tags.items()]
+        return client.search_runs(exps, " and ".join(filters), max_results=1000) if exps else []
+
+
+@pytest.fixture(scope="session")
+def runner(tmp_path_factory) -> Runner:
+    return Runner(tmp_path_factory.mktemp("docs_commands"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _checkout_untouched():
+    """No documented command run here may write into the checkout (its committed reports, docs, outputs)."""
+
+    def snapshot():
+        files = [p for d in ("reports", "docs", "sweeps", "conf") for p in (REPO / d).rglob("*") if p.is_file()]
+        return ({p: (p.stat().st_mtime_ns, p.stat().st_size) for p in files},
+                {d: (REPO / d).exists() for d in ("outputs", "exported", "multirun")})
+
+    before = snapshot()
+    yield
+    after = snapshot()
+    changed = sorted(str(p.relative_to(REPO)) for p in set(before[0]) | set(after[0]) if before[0].get(p) != after[0].get(p))
+    assert not changed and before[1] == after[1], f"the smoke runs wrote into the checkout: {changed} {after[1]}"
+
+
+def params(select: Callable[[DocCommand], bool] = lambda c: True) -> list:
+    out = []
+    for cmd in COMMANDS_FOUND:
+        if not select(cmd):
+            continue
+        spec = spec_of(cmd)
+        slow = isinstance(spec, Smoke) and spec.slow
+        out.append(pytest.param(cmd, id=cmd.id, marks=[pytest.mark.slow] if slow else []))
+    return out
+
+
+def test_the_docs_show_commands():
+    """The extraction itself: the README's main job is among the commands found."""
+    assert QUICK in {c.text for c in COMMANDS_FOUND} and len(COMMANDS_FOUND) >= 20
+
+
+def test_every_table_entry_is_still_documented():
+    """A command dropped from the docs leaves its entry behind: remove it too."""
+    stale = sorted(set(COMMANDS) - {c.text for c in COMMANDS_FOUND})
+    assert not stale, f"COMMANDS has entries no document shows any more: {stale}"
+
+
+@pytest.mark.parametrize("cmd", params())
+def test_documented_command_runs(cmd: DocCommand, runner: Runner):
+    spec = spec_of(cmd)
+    if spec is None:
+        pytest.fail(f"new documented command: add smoke overrides or a skip reason to COMMANDS in {Path(__file__).name}:\n"
+                    f"    {cmd.text!r}")
+    if isinstance(spec, Skip):
+        pytest.skip(spec.reason)
+    result = runner.run(cmd.text)
+    assert result.returncode == 0, (f"`{result.shell}` (in {result.tmp}) exited with {result.returncode}: "
+                                    f"{result.error_line()}\n--- last lines ---\n"
+                                    + "\n".join(result.output.splitlines()[-40:]))
+    if spec.check:
+        spec.check(result, runner)
+
+
+def is_hydra_entry_point(cmd: DocCommand) -> bool:
+    words = normalize(cmd.text).split()
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)
+    return program(cmd.text) in ("python", "python3") and words[1:2] == ["-m"] and words[2] in HYDRA_ENTRY_POINTS
+
+
+def first_of_each_sweep(overrides: list[str]) -> list[str]:
+    """A multirun's overrides with every swept key at its first value: the first job's command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for text, o in zip(overrides, OverridesParser.create().parse_overrides(overrides)):
+        out.append(f"{text.split('=', 1)[0]}={next(iter(o.sweep_string_iterator()))}" if o.is_sweep_override() else text)
+    return out
+
+
+@pytest.mark.parametrize("cmd", [pytest.param(c, id=c.id) for c in COMMANDS_FOUND if is_hydra_entry_point(c)])
+def test_documented_command_composes(cmd: DocCommand, tmp_path, monkeypatch):
+    """The command line passes the entry point's key check and composes, as the process would before it does
+    any work; for a sweep or a report, every job's config composes too (sweep.compose.validate)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from electra_ablate.common import cli
+    from electra_ablate.sweep.compose import context_from_cfg, validate
+
+    spec = spec_of(cmd)
+    if spec is None:
+        pytest.fail(f"new documented command: add smoke overrides or a skip reason to COMMANDS in {Path(__file__).name}")
+    monkeypatch.setenv("ELECTRA_ABLATE_HOME", str(tmp_path / "home"))
+    if isinstance(spec, Smoke) and spec.setup:
+        spec.setup(tmp_path)
+    if isinstance(spec, Smoke) and spec.pythonpath:
+        monkeypatch.syspath_prepend(spec.pythonpath[0])
+    _, words = split_env(substitute(cmd.text, spec, tmp_path, lambda ref: ref.dummy))
+    config, args = HYDRA_ENTRY_POINTS[words[2]], words[3:]
+    message = cli.unknown_key_message(config, args)
+    assert message is None, f"the command line's key check refuses `{cmd.text}`: {message}"
+    overrides = [a for a in args if not a.startswith("-")]
+    if "-m" in args or "--multirun" in args:
+        overrides = first_of_each_sweep(overrides)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(cli.CONF_DIR), version_base="1.3"):
+            cfg = compose(config, overrides=overrides, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    if config == "sweep":
+        validate(context_from_cfg(cfg))
+
+
+# --- the quick sweep's report, read as a user reads it ------------------------------------------------------
+
+
+def markdown_table(text: str) -> list[dict[str, str]]:
+    """The rows of the first markdown table in `text`, as {header: cell}."""
+    lines = [x for x in text.splitlines() if x.startswith("|")]
+    cells = [[c.strip().strip("*") for c in x.strip("|").split("|")] for x in lines]
+    return [dict(zip(cells[0], row)) for row in cells[2:]]
+
+
+def majority_share(tsv: Path, label_column: int = -1) -> float:
+    rows = tsv.read_text().splitlines()[1:]
+    labels = [r.split("\t")[label_column] for r in rows if r.strip()]
+    return 100 * max(labels.count(x) for x in set(labels)) / len(labels)
+
+
+@pytest.mark.slow
+def test_quick_sweep_report_shows_a_run_off_the_majority_class(runner: Runner):
+    """README's main job at smoke scale, fine-tuned long enough to learn the hermetic SST-2: the report it writes
+    must show at least one fine-tuning run whose dev accuracy is not the majority class's share (a report where
+    every arm sits on the majority class says nothing, and is what a broken fine-tuning path looks like)."""
+    result = runner.run(QUICK)
+    assert result.returncode == 0, result.error_line()
+    text = (result.tmp / "reports" / "quick.md").read_text()
+    spread = [r for r in markdown_table(section(text, "Spread over fine-tuning seeds")) if r["task"] == "SST-2"]
+    assert {r["variant"] for r in spread} == {"electra", "bert", "none"}, spread
+    majority = round(majority_share(Path(os.environ["ELECTRA_ABLATE_DATA"]) / "glue" / "SST-2" / "dev.tsv"), 1)
+    scores = {r["variant"]: (float(r["min"]), float(r["median"]), float(r["max"])) for r in spread}
+    print(f"SST-2 dev accuracy (min, median, max) per arm after {QUICK_EPOCHS} epochs: {scores}; majority {majority}")
+    assert any(lo != majority or hi != majority for lo, _, hi in scores.values()), (
+        f"every fine-tuning run of every arm scored the majority share {majority}: {scores}")
+
+
+def test_extraction_handles_continuations_prompts_comments_and_env(tmp_path):
+    (tmp_path / "README.md").write_text(
+        "Text with `python -m electra_ablate.bench --models\ntiny` inline.\n\n"
+        "```bash\n# a comment\n$ OMP_NUM_THREADS=1 python -m x a=1 \\\n  b='c # d'   # trailing\n\n"
+        "python -m y 'k=[1,2]'\n```\n\n```\nconf/   a folder\n```\n\n```yaml\nkey: python -m z\n```\n\n"
+        "Run:\n\n    mlflow ui --port 1\n    http://127.0.0.1:5000/\n")
+    found = [(c.line, c.where, c.text) for c in documented_commands(tmp_path)]
+    assert found == [(1, "inline", "python -m electra_ablate.bench --models tiny"),
+                     (6, "fenced", "OMP_NUM_THREADS=1 python -m x a=1 b='c # d'"),
+                     (9, "fenced", "python -m y 'k=[1,2]'"),
+                     (22, "indented", "mlflow ui --port 1")]
+    assert split_env(found[1][2]) == ({"OMP_NUM_THREADS": "1"}, ["python", "-m", "x", "a=1", "b=c # d"])
+    assert apply_args(["p", "seed=0,1", "+x=1"], ("seed=0", "x=2", "--out o")) == ["p", "seed=0", "x=2", "--out", "o"]
