@@ -299,7 +299,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("needs a SLURM cluster with GPUs", replace={"<partition>": "gpu"}),
     "python -m electra_ablate.sweep sweep=generator_size scale=base hydra/launcher=ray_gpu hydra.launcher.ray.init.address=auto":
         Skip("needs the `ray` extra and a Ray cluster with GPUs"),
-    "python -m electra_ablate.sweep sweep=weight_sharing scale=base 'pretrain_overrides=[trainer=ddp]'":
+    "python -m electra_ablate.sweep sweep=weight_sharing scale=base \"pretrain_overrides=['trainer=ddp']\"":
         Skip(GPU + " (trainer=ddp spans every GPU of the machine)"),
     "python -m electra_ablate.report sweep=table1_small scale=small":
         Smoke((REPORT_DIR,), check=check_report("table1_small", ("electra", "bert"), ran=False)),
