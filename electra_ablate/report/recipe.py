@@ -1,0 +1,110 @@
+"""The report's fine-tuning recipe: what the runs in the tables were fine-tuned with, beside the paper's recipe,
+and every setting in which they differ from it, named as a deviation.
+
+The paper's values are the project's defaults, read from the config files that hold them (they cite paper
+Table 7 and the reference's run_finetuning.py): conf/finetune_optim/electra.yaml, conf/task/<task>.yaml,
+conf/finetune.yaml. The runs' values are their logged MLflow params.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from electra_ablate.common.cli import CONF_DIR
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    param: str  # the fine-tuning run's MLflow param
+    paper: str  # the paper's value, as text ("" = per task or per size, filled in below)
+
+
+def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str]:
+    optim = OmegaConf.load(CONF_DIR / "finetune_optim" / "electra.yaml")
+    base = OmegaConf.load(CONF_DIR / "finetune.yaml")
+    by_size = {s: optim.lr_by_size.get("small" if s == "tiny" else s) for s in sizes}
+    epochs = {t: OmegaConf.load(CONF_DIR / "task" / f"{t}.yaml").epochs for t in tasks}
+    return {
+        "resolved.lr": " / ".join(f"{v:g} ({'Small\'s, for tiny' if s == 'tiny' else s})" for s, v in by_size.items()
+                                      if v is not None),
+        "task.epochs": ", ".join(f"{e} ({t})" for t, e in epochs.items()),
+        "finetune_optim.bias_correction": str(optim.bias_correction),
+        "finetune_optim.loss_reduction": str(optim.loss_reduction),
+        "finetune_optim.weight_decay": f"{optim.weight_decay:g}",
+        "finetune_optim.warmup_fraction": f"{optim.warmup_fraction:g}",
+        "glue_data.max_seq_length": str(base.glue_data.max_seq_length),
+        "glue_data.batch_size": str(base.glue_data.batch_size),
+        "glue_data.max_train_examples": "None",
+    }
+
+
+SETTINGS = (
+    Setting("learning rate", "resolved.lr", ""),
+    Setting("update rule: Adam bias correction (false = the reference's AdamWeightDecayOptimizer)",
+            "finetune_optim.bias_correction", ""),
+    Setting("loss over the batch (sum = the reference's run_finetuning.py)", "finetune_optim.loss_reduction", ""),
+    Setting("epochs", "task.epochs", ""),
+    Setting("training examples (None = the whole training set)", "glue_data.max_train_examples", ""),
+    Setting("max sequence length", "glue_data.max_seq_length", ""),
+    Setting("batch size", "glue_data.batch_size", ""),
+    Setting("warm-up fraction", "finetune_optim.warmup_fraction", ""),
+    Setting("weight decay", "finetune_optim.weight_decay", ""),
+)
+
+
+def _values(runs: pd.DataFrame, param: str) -> list[str]:
+    col = f"params.{param}"
+    if col not in runs:
+        return []
+    return sorted({str(v) for v in runs[col].dropna()})
+
+
+def _same(paper: str, ours: Sequence[str]) -> bool:
+    def number(text: str):
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    cells = [p.split(" (")[0] for p in paper.split(" / ")] if " / " in paper or " (" in paper else [paper]
+    return all(number(o) in {number(c) for c in cells} for o in ours)
+
+
+def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
+    """The "Fine-tuning recipe" section for the report's fine-tuning runs (`scores` rows), or [] if none."""
+    if not len(scores) or not len(frame):
+        return []
+    runs = frame[frame["run_id"].isin(set(scores["run_id"]))]
+    if not len(runs):
+        return []
+    tasks = sorted(set(scores["task"]))
+    sizes = _values(runs, "resolved.size") or ["small"]
+    paper = _paper_defaults(tasks, sizes)
+    rows, deviations = [], []
+    for s in SETTINGS:
+        ours = _values(runs, s.param)
+        if s.param == "task.epochs":  # per task: compare each task with its own paper value
+            per_task = {t: _values(runs[runs["run_id"].isin(set(scores[scores["task"] == t]["run_id"]))], s.param)
+                        for t in tasks}
+            shown = ", ".join(f"{'/'.join(v) or '?'} ({t})" for t, v in per_task.items())
+            differs = any(v and paper[s.param].find(f"{v[0]} ({t})") < 0 for t, v in per_task.items())
+        else:
+            shown = ", ".join(ours) or "not logged"
+            differs = bool(ours) and not _same(paper[s.param], ours)
+        rows.append(f"| {s.name} | {paper[s.param]} | {shown} |{' **deviation**' if differs else ''} |")
+        if differs:
+            deviations.append(f"{s.name}: {shown} (paper: {paper[s.param]})")
+    out = ["## Fine-tuning recipe", "",
+           "What the runs in the tables were fine-tuned with, beside the paper's recipe (Table 7 and the reference's "
+           "run_finetuning.py: the project's defaults).", "",
+           "| setting | paper | these runs | |", "|---|---|---|---|", *rows, ""]
+    if deviations:
+        out += ["Declared deviations from the paper's fine-tuning recipe (the sweep file sets them for this scale; "
+                "docs/cpu_scale.md says why): " + "; ".join(deviations) + ".", ""]
+    else:
+        out += ["These runs follow the paper's fine-tuning recipe.", ""]
+    return out

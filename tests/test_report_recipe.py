@@ -1,0 +1,40 @@
+"""The report's fine-tuning recipe section: the runs' settings beside the paper's, deviations named."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from electra_ablate.report.recipe import recipe_lines
+
+
+def _runs(**params):
+    base = {"resolved.lr": "0.0003", "resolved.size": "small", "finetune_optim.bias_correction": "False",
+            "finetune_optim.loss_reduction": "sum", "task.epochs": "3", "glue_data.max_train_examples": "None",
+            "glue_data.max_seq_length": "128", "glue_data.batch_size": "32", "finetune_optim.warmup_fraction": "0.1",
+            "finetune_optim.weight_decay": "0.0"}
+    base.update(params)
+    frame = pd.DataFrame([{"run_id": f"r{i}", **{f"params.{k}": v for k, v in base.items()}} for i in range(3)])
+    scores = pd.DataFrame({"run_id": ["r0", "r1", "r2"], "task": ["sst2"] * 3})
+    return scores, frame
+
+
+def test_paper_recipe_has_no_deviation():
+    text = "\n".join(recipe_lines(*_runs()))
+    assert "These runs follow the paper's fine-tuning recipe." in text
+    assert "**deviation**" not in text
+
+
+def test_cpu_scale_settings_are_named_as_deviations():
+    text = "\n".join(recipe_lines(*_runs(**{"resolved.lr": "0.001", "resolved.size": "tiny", "task.epochs": "2",
+                                            "glue_data.max_train_examples": "2000",
+                                            "glue_data.max_seq_length": "64"})))
+    declared = text.split("Declared deviations from the paper's fine-tuning recipe")[1]
+    assert "learning rate: 0.001 (paper: 0.0003 (Small's, for tiny))" in declared
+    assert "epochs: 2 (sst2) (paper: 3 (sst2))" in declared
+    assert "training examples (None = the whole training set): 2000" in declared
+    assert "max sequence length: 64 (paper: 128)" in declared
+    assert "bias correction" not in declared and "batch size" not in declared  # those follow the paper
+
+
+def test_no_runs_no_section():
+    assert recipe_lines(pd.DataFrame(columns=["run_id", "task"]), pd.DataFrame()) == []
