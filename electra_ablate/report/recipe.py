@@ -24,14 +24,16 @@ class Setting:
     paper: str  # the paper's value, as text ("" = per task or per size, filled in below)
 
 
+SIZE_NAMES = {"tiny": "Small's, for tiny"}  # the paper has no tiny size: fine-tuning counts it as Small
+
+
 def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str]:
     optim = OmegaConf.load(CONF_DIR / "finetune_optim" / "electra.yaml")
     base = OmegaConf.load(CONF_DIR / "finetune.yaml")
     by_size = {s: optim.lr_by_size.get("small" if s == "tiny" else s) for s in sizes}
     epochs = {t: OmegaConf.load(CONF_DIR / "task" / f"{t}.yaml").epochs for t in tasks}
     return {
-        "resolved.lr": " / ".join(f"{v:g} ({'Small\'s, for tiny' if s == 'tiny' else s})" for s, v in by_size.items()
-                                      if v is not None),
+        "resolved.lr": " / ".join(f"{v:g} ({SIZE_NAMES.get(s, s)})" for s, v in by_size.items() if v is not None),
         "task.epochs": ", ".join(f"{e} ({t})" for t, e in epochs.items()),
         "finetune_optim.bias_correction": str(optim.bias_correction),
         "finetune_optim.loss_reduction": str(optim.loss_reduction),
