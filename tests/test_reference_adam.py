@@ -22,8 +22,8 @@ from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.system import FinetuneSystem, OptimSettings
 from electra_ablate.models.encoder import ElectraModel, EncoderConfig
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training.optim import adamw
-from electra_ablate.training.reference_adam import ReferenceAdam
+from electra_ablate.optim.adam import adamw
+from electra_ablate.optim.reference_adam import ReferenceAdam
 
 REPO = Path(__file__).resolve().parents[1]
 B1, B2, EPS = 0.9, 0.999, 1e-6

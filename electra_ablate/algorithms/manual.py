@@ -18,7 +18,9 @@ from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import nn
 
 from electra_ablate.objectives.electra import Electra
-from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
+from electra_ablate.optim.adam import adamw
+from electra_ablate.optim.groups import unique_parameters
+from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training.system import PretrainSystem
 
 

@@ -27,8 +27,10 @@ from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks
 from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.base import mask_tokens
+from electra_ablate.optim.adam import adamw
+from electra_ablate.optim.groups import unique_parameters
+from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training import build, checks
-from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
 def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None = None) -> DictConfig:
