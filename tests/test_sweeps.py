@@ -282,6 +282,8 @@ def test_gpu_slots_never_share_a_gpu_between_concurrent_jobs(tmp_path):
         (tmp_path / f"release{job}").touch()
     for p in (second, third):
         assert p.wait(timeout=30) == 0
+    for p in (first, second, third):
+        p.stdout.close()
 
 
 def test_gpu_slot_does_nothing_without_gpus(monkeypatch, tmp_path):
