@@ -1,8 +1,9 @@
 """The Adam optimizers of pre-training and fine-tuning.
 
 Reference (google-research/electra `model/optimization.py`): Adam with decoupled weight decay that skips
-LayerNorm and bias parameters. The reference optimizer has no bias correction (`reference_adam.ReferenceAdam`);
-`bias_correction=True` keeps torch's AdamW, the update pre-training used before the option existed.
+LayerNorm and bias parameters. The reference optimizer has no bias correction (`reference_adam.ReferenceAdam`,
+fine-tuning's default); `bias_correction=True` is torch's AdamW, pre-training's default (the update it used
+before the option existed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def adam(
     return ReferenceAdam(groups, lr=lr, betas=tuple(betas), eps=eps, bias_correction=False, fused=fused)
 
 
-def adamw(
+def adam_over_parameters(
     named_params: list[tuple[str, nn.Parameter]],
     lr: float,
     betas: tuple[float, float],
@@ -39,4 +40,6 @@ def adamw(
     fused: bool | None = None,
     bias_correction: bool = True,
 ) -> torch.optim.Optimizer:
+    """`adam` over named parameters, `weight_decay` on all but LayerNorm and bias: the reference's update for
+    bias_correction=False, torch's AdamW for True."""
     return adam(decay_groups(named_params, weight_decay), lr, betas, eps, fused=fused, bias_correction=bias_correction)

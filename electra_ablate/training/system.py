@@ -22,7 +22,7 @@ from torch import nn
 
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
-from electra_ablate.optim.adam import adamw
+from electra_ablate.optim.adam import adam_over_parameters
 from electra_ablate.optim.clipping import FusedClipping
 from electra_ablate.optim.groups import unique_parameters
 from electra_ablate.optim.schedule import linear_warmup_decay
@@ -113,8 +113,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def configure_optimizers(self):
         params = unique_parameters([self.model, self.generator, self.objective])
         fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
-        optimizer = adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
-                          bias_correction=self.bias_correction)
+        optimizer = adam_over_parameters(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
+                                         bias_correction=self.bias_correction)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(self.warmup_steps, self.max_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
