@@ -19,8 +19,8 @@ pieces/s of `data=text_files`, section `build`).
 
 The package keeps measuring and writing apart: `settings` (what a run is asked, the machine, the `Report` every
 section fills), `builds` (the two networks and the batches), `measure` (timing, FLOPs, syncs, memory), one
-module per group of sections (`sections_speed`, `sections_checks`, `sections_pipeline`), `render` (the markdown),
-and this module (the command line and the order the sections run in).
+module per group of sections (`sections_speed`, `sections_checks`, `sections_pipeline`), `render` and
+`render_sections` (the markdown), and this module (the command line and the order the sections run in).
 """
 
 from __future__ import annotations
