@@ -1,6 +1,6 @@
-"""The package's shape (docs/architecture.md): modules of one concern and modest size, dependencies that
-point one way from the entry points down to the shared helpers, and no import cycle between modules or
-between sub-packages (function-level imports count too)."""
+"""The package's shape (docs/architecture.md): modules of one concern and modest size, functions short enough
+to read at once, dependencies that point one way from the entry points down to the shared helpers, and no
+import cycle between modules or between sub-packages (function-level imports count too)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,16 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "electra_ablate"
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+# Functions still over MAX_FUNCTION_LINES, to be split where they are edited next; keep this list short.
+LONG_FUNCTIONS = {
+    # data/ and the report's markdown are being reworked in parallel: split them there.
+    "electra_ablate.data.corpus_build.build_or_load_corpus",
+    "electra_ablate.data.cache.build_or_load",
+    "electra_ablate.data.wordpiece.learn_vocab",
+    "electra_ablate.report.markdown.render",
+}
 
 # Lower layers never import higher ones. Entry points: pretrain, finetune, export, submit, sweep, report, bench.
 LAYERS = {
@@ -100,6 +110,25 @@ def test_every_module_is_placed_in_a_layer():
 def test_no_module_is_over_the_size_limit():
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules by concern (lines): {long}"
+
+
+def functions(tree: ast.AST, prefix: str):
+    """(qualified name, lines from `def` to its last line) of every function and method, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = f"{prefix}.{node.name}"
+            if not isinstance(node, ast.ClassDef):
+                yield name, node.end_lineno - node.lineno + 1
+            yield from functions(node, name)
+
+
+def test_no_function_is_over_the_size_limit():
+    """A function a reader can hold in their head: split longer ones where a reader would want them split."""
+    lengths = {name: n for m, p in modules().items() for name, n in functions(ast.parse(p.read_text()), m)}
+    long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS}
+    assert not long, f"split these functions (lines): {long}"
+    fixed = sorted(name for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES)
+    assert not fixed, f"short now (or gone): remove them from LONG_FUNCTIONS: {fixed}"
 
 
 def test_dependencies_point_down_the_layers():
