@@ -17,6 +17,7 @@ pytest.importorskip("transformers", reason="the benchmark's reference is built f
 from electra_ablate.bench import builds, cli, sections_speed, settings  # noqa: E402
 from electra_ablate.models import fast  # noqa: E402
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
+from electra_ablate.optim.reference_adam import ReferenceAdam  # noqa: E402
 
 # 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the tiny hermetic corpus and
 # its BERT-layout vocabulary (conftest).
@@ -131,6 +132,20 @@ def test_fused_adamw_clips_gradients_under_bf16_mixed_precision(tmp_path, data_d
     trainer.fit(system, datamodule=data.dm)
     assert trainer.optimizers[0].defaults["fused"] is True
     assert len(norms) == 2 and all(n <= 1e-3 * 1.01 for n in norms)  # the raw gradient norm is far above 1e-3
+
+
+@pytest.mark.parametrize("bias_correction", [True, False], ids=["adamw", "reference"])
+def test_both_steps_take_the_configured_adam_update(tmp_path, data_dir, bias_correction):
+    """optim.bias_correction picks the update of our step and of the transformers reference alike."""
+    bench_settings, _ = cli.parse_args(["--models", "tiny", "--batch-size", "4", "--seq-len", "64", "--data-dir",
+                                        str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+                                        *[x for o in TINY for x in ("--override", o)]])
+    cfg = builds.compose_config(bench_settings, "tiny", f"optim.bias_correction={str(bias_correction).lower()}")
+    data = builds.load_data(cfg, torch.device("cpu"), 1)
+    ours = builds.OursRunner(cfg, data, torch.device("cpu"), builds.FastPath())
+    theirs = builds.TransformersRunner(cfg, data, torch.device("cpu"), fused_adam=False)
+    expected = torch.optim.AdamW if bias_correction else ReferenceAdam
+    assert type(ours.optimizer) is expected and type(theirs.optimizer) is expected
 
 
 @pytest.mark.slow

@@ -379,6 +379,8 @@ def fit(tmp_path, manual: bool, max_batches: int, ckpt_path=None, every=None):
 
 
 @pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+# The resumed Trainer has no checkpoint callback on purpose (only the data module's state matters here).
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create:UserWarning")
 def test_resume_continues_with_the_next_batch(tmp_path, manual):
     full = fit(tmp_path, manual, max_batches=7, every=4)
     ckpt = tmp_path / "ckpt" / f"step={4 * (2 if manual else 1)}.ckpt"

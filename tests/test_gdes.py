@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
@@ -25,7 +26,7 @@ from electra_ablate.objectives.electra import Electra
 from electra_ablate.sharing.embeddings import EmbeddingSharing
 from electra_ablate.sharing.gdes import TABLES, DisentangledEmbedding, GradientDisentangledSharing, fold
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import checks
+from electra_ablate.training import build, checks
 
 SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 VOCAB = 50
@@ -240,5 +241,17 @@ def test_impossible_configs_are_refused_with_their_key(tmp_path, pretrain_cfg, o
         checks.validate(cfg)
 
 
-def test_adversarial_with_gdes_is_accepted(tmp_path, pretrain_cfg):
-    checks.validate(pretrain_cfg(tmp_path, "sharing=gdes", "algorithm=adversarial"))
+def test_adversarial_with_gdes_builds_a_system_that_trains_both_tables(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "sharing=gdes", "algorithm=adversarial")
+    checks.validate(cfg)  # accepted, unlike two-stage: each optimizer owns one table (E_G or E_delta)
+    data = SimpleNamespace(vocab_size=VOCAB, token_counts=torch.ones(VOCAB))
+    model, generator, objective = build.build_networks(cfg, data, SPECIAL)
+    system = build.system(cfg, model, generator, objective)
+    assert isinstance(system, Adversarial)
+    (gen_opt, disc_opt), _ = system.configure_optimizers()
+    owned = [{id(p) for g in opt.param_groups for p in g["params"]} for opt in (gen_opt, disc_opt)]
+    for table in TABLES:
+        disentangled = getattr(model.electra.embeddings, table)
+        assert isinstance(disentangled, DisentangledEmbedding)
+        assert id(disentangled.delta) in owned[1] and id(disentangled.delta) not in owned[0]
+        assert id(getattr(generator.electra.embeddings, table).weight) in owned[0] - owned[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from scipy import stats
 
 from electra_ablate.generators.fixed import UniformGenerator, UnigramGenerator
@@ -152,12 +153,29 @@ def test_no_disc_gradient_reaches_the_generator():
 
 
 def test_total_loss_is_gen_weight_mlm_plus_disc_weight_disc():
-    torch.manual_seed(0)
     batch = make_batch()
     obj = electra(gen_weight=1.0, disc_weight=50.0)
-    out = obj(batch, nets_for(obj))
-    mlm, disc = out.sums["mlm_loss"][0], out.sums["disc_loss"][0]
+    nets = nets_for(obj)
+    nets.model.eval(), nets.generator.eval()  # no dropout: the replay below sees the same networks
+    torch.manual_seed(0)
+    out = obj(batch, nets)
+    # The same masks and samples again, and both losses by hand: the generator's mean cross-entropy over the
+    # used prediction slots, the discriminator's mean sigmoid cross-entropy over the non-pad tokens.
+    torch.manual_seed(0)
+    fake = obj.corrupt(batch, nets.generator)
+    masked = fake.masked
+    with torch.no_grad():
+        gen_logits = nets.generator.masked_logits(masked.input_ids, batch.attention_mask, batch.token_type_ids,
+                                                  masked.positions.index)  # (B x N, V)
+        used = masked.positions.weights.reshape(-1).bool()
+        mlm = F.cross_entropy(gen_logits[used], masked.targets.reshape(-1)[used])
+        logits = nets.model.disc_logits(nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids))
+        real = batch.attention_mask.bool()
+        disc = F.binary_cross_entropy_with_logits(logits[real], fake.replaced[real].float())
+    assert fake.replaced.any() and mlm > 0 and disc > 0
     assert torch.allclose(out.loss.detach(), mlm + 50 * disc, rtol=1e-5)
+    assert torch.allclose(out.sums["mlm_loss"][0], mlm, rtol=1e-5)
+    assert torch.allclose(out.sums["disc_loss"][0], disc, rtol=1e-5)
 
 
 def test_all_tokens_mlm_output_is_a_distribution_and_loss_matches_it():

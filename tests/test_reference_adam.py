@@ -22,8 +22,8 @@ from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.system import FinetuneSystem, OptimSettings
 from electra_ablate.models.encoder import ElectraModel, EncoderConfig
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training.optim import adamw
-from electra_ablate.training.reference_adam import ReferenceAdam
+from electra_ablate.optim.adam import adam_over_parameters
+from electra_ablate.optim.reference_adam import ReferenceAdam
 
 REPO = Path(__file__).resolve().parents[1]
 B1, B2, EPS = 0.9, 0.999, 1e-6
@@ -134,13 +134,13 @@ def test_state_dict_resume_continues_exactly():
     assert torch.equal(p, q)
 
 
-def test_adamw_factory_picks_the_update():
+def test_adam_over_parameters_picks_the_update():
     params = [("layer.weight", torch.nn.Parameter(torch.zeros(2, 2))), ("layer.bias", torch.nn.Parameter(torch.zeros(2)))]
-    reference = adamw(params, 1e-3, (0.9, 0.999), 1e-6, 0.01, fused=True, bias_correction=False)
+    reference = adam_over_parameters(params, 1e-3, (0.9, 0.999), 1e-6, 0.01, fused=True, bias_correction=False)
     assert isinstance(reference, ReferenceAdam) and reference.param_groups[0]["fused"] is True
     assert [g["weight_decay"] for g in reference.param_groups] == [0.01, 0.0]  # no decay on the bias
     assert all(g["bias_correction"] is False for g in reference.param_groups)
-    assert type(adamw(params, 1e-3, (0.9, 0.999), 1e-6, 0.01)) is torch.optim.AdamW  # today's default
+    assert type(adam_over_parameters(params, 1e-3, (0.9, 0.999), 1e-6, 0.01)) is torch.optim.AdamW  # today's default
 
 
 # --- the fine-tuning loss --------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ two jobs on one GPU (tested with fake GPUs), and a miniature sweep runs end to e
 
 from __future__ import annotations
 
-import ast
+import inspect
 import json
 import os
 import subprocess
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.utils import get_class
+from hydra.utils import get_class, instantiate
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -282,6 +282,8 @@ def test_gpu_slots_never_share_a_gpu_between_concurrent_jobs(tmp_path):
         (tmp_path / f"release{job}").touch()
     for p in (second, third):
         assert p.wait(timeout=30) == 0
+    for p in (first, second, third):
+        p.stdout.close()
 
 
 def test_gpu_slot_does_nothing_without_gpus(monkeypatch, tmp_path):
@@ -466,29 +468,17 @@ def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cach
     assert len(kinds(uri, "minijob")["pretrain"]) == 4
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every electra_ablate module a file imports, at top level or inside a function."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-    return {m for m in out if m.startswith("electra_ablate.")}
+def test_the_sweep_config_hands_the_runner_the_report():
+    """The report finds runs through the sweep's spec and plan, so the runner never imports it
+    (tests/test_architecture.py rejects the cycle): conf/sweep.yaml names the writer the report phase calls."""
+    from electra_ablate.report.build import write_report
+    from electra_ablate.sweep.run import ReportWriter
 
-
-def test_sweep_and_report_import_each_other_one_way():
-    """The runner calls the report; the report finds runs through the sweep's spec and plan, never the runner."""
-    modules = {f"electra_ablate.{p.parent.name}.{p.stem}": p
-               for p in sorted((REPO / "electra_ablate").glob("*/*.py")) if p.parent.name in ("sweep", "report")}
-    graph = {m: imports_of(p) & set(modules) for m, p in modules.items()}
-
-    def reaches(start: str, goal: str, seen: set) -> bool:
-        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in graph[start])
-
-    assert "electra_ablate.report.build" in graph["electra_ablate.sweep.run"]
-    assert [m for m in graph if reaches(m, m, set())] == []
-    assert not any(reaches(m, "electra_ablate.sweep.run", set()) for m in graph if m.startswith("electra_ablate.report"))
+    writer = instantiate(OmegaConf.load(CONF_DIR / "sweep.yaml").report_writer)
+    assert writer.func is write_report
+    # Called as run_sweep calls it, with the arguments ReportWriter promises.
+    inspect.signature(writer).bind(None, None, Path("reports"), running_sweep_run="id", running_wall_time=1.0)
+    assert list(inspect.signature(writer).parameters) == list(inspect.signature(ReportWriter.__call__).parameters)[1:]
 
 
 def test_a_finished_fine_tuning_run_counts_only_for_the_config_it_ran_with():

@@ -14,9 +14,9 @@ The baseline reads the generator's states without a gradient into the generator 
 policy's features); its own loss is minimised by the generator's optimizer. One backward pass of
 `lambda x disc loss + gen_weight x REINFORCE surrogate + baseline loss` gives every network its gradient (the
 reward is detached and the samples are discrete, so the terms meet only in shared embeddings, as in joint
-training). Then two AdamW optimizers step, each clipped to max_grad_norm, each with warmup + linear decay over
-max_steps: the discriminator's (with any weights it shares with the generator) and the generator's (+ the
-baseline). No MLE term is added: the paper's adversarial generator gets "no explicit feedback about which
+training). Then two Adam optimizers step (joint training's update: torch's AdamW, or the reference's with
+optim.bias_correction=false), each clipped to max_grad_norm, each with warmup + linear decay over max_steps:
+the discriminator's (with any weights it shares with the generator) and the generator's (+ the baseline). No MLE term is added: the paper's adversarial generator gets "no explicit feedback about which
 generated tokens are correct", reaches ~58% MLM accuracy vs ~65% with maximum likelihood (256 hidden) and
 produces low-entropy samples; train/masked_lm_accuracy and train/gen_entropy track both.
 """
@@ -93,8 +93,8 @@ class Adversarial(ManualSystem):
         return problems
 
     def configure_optimizers(self):
-        disc = self.adamw_over([self.model, self.objective])
-        gen = self.adamw_over([self.generator, self.baseline], exclude=self.model.parameters())
+        disc = self.adam_over([self.model, self.objective])
+        gen = self.adam_over([self.generator, self.baseline], exclude=self.model.parameters())
         return [gen, disc], [self.schedule(gen, self.max_steps), self.schedule(disc, self.max_steps)]
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Under manual optimisation Lightning neither clips gradients nor steps learning-rate schedulers, and it counts
 every `LightningOptimizer.step()` as one global step. `ManualSystem` clips each optimizer's gradients in
 `on_before_optimizer_step` (Lightning calls it after un-scaling fp16 gradients, right before the update),
-builds optimizers and schedules exactly as joint training does (`optim.adamw`, `optim.linear_warmup_decay`),
+builds optimizers and schedules exactly as joint training does (`optim.adam.adam_over_parameters`,
+`optim.schedule.linear_warmup_decay`),
 lets a second optimizer step without advancing the step counter, and rejects configs it cannot honour.
 """
 
@@ -18,7 +19,9 @@ from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import nn
 
 from electra_ablate.objectives.electra import Electra
-from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
+from electra_ablate.optim.adam import adam_over_parameters
+from electra_ablate.optim.groups import unique_parameters
+from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training.system import PretrainSystem
 
 
@@ -53,16 +56,18 @@ class ManualSystem(PretrainSystem):
         return problems
 
     # --- optimisation helpers -----------------------------------------------------------------------------
-    def adamw_over(
+    def adam_over(
         self, modules: Iterable[nn.Module | None], exclude: Iterable[nn.Parameter] = ()
     ) -> torch.optim.Optimizer:
-        """Adam (optim.bias_correction) over the modules' trainable parameters (each once; no decay on LayerNorm and bias), leaving
-        out `exclude`: parameters another optimizer owns, such as embeddings shared with the discriminator."""
+        """Adam over the modules' trainable parameters (each once; no decay on LayerNorm and bias), leaving out
+        `exclude`: parameters another optimizer owns, such as embeddings shared with the discriminator. The
+        update is joint training's: torch's AdamW, or the reference's (no bias correction) with
+        optim.bias_correction=false."""
         skip = {id(p) for p in exclude}
         params = [(n, p) for n, p in unique_parameters(modules) if id(p) not in skip]
         fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
-        return adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
-                     bias_correction=self.bias_correction)
+        return adam_over_parameters(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
+                                    bias_correction=self.bias_correction)
 
     def schedule(self, optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
         """Linear warmup over `warmup_steps`, then linear decay to zero after `steps` updates of `optimizer`."""

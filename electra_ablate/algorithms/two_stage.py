@@ -6,7 +6,8 @@
    the generator is frozen, and the discriminator is trained with the objective's discriminator loss for the
    remaining max_steps - n steps (the paper: n and n, switch_fraction=0.5).
 
-Each stage has its own AdamW and its own warmup + linear decay over its own steps, as two training runs
+Each stage has its own Adam (joint training's update: torch's AdamW, or the reference's with
+optim.bias_correction=false) and its own warmup + linear decay over its own steps, as two training runs
 would. The frozen generator keeps proposing replacements as in joint training (training mode, dropout on),
 with no gradient. `sharing` must be `none`: shared weights would keep training the "frozen" generator in
 stage two, and the discriminator takes all of the generator's weights at the switch anyway.
@@ -99,8 +100,8 @@ class TwoStage(ManualSystem):
         return problems
 
     def configure_optimizers(self):
-        gen = self.adamw_over([self.generator])
-        disc = self.adamw_over([self.model, self.objective])
+        gen = self.adam_over([self.generator])
+        disc = self.adam_over([self.model, self.objective])
         schedules = [self.schedule(gen, self.switch_step), self.schedule(disc, self.max_steps - self.switch_step)]
         return [gen, disc], schedules
 

@@ -4,7 +4,8 @@ reference written around transformers' ELECTRA classes; the real batches both se
 Ours is the `electra` objective built by `training.build.build_networks` plus the configured algorithm's `PretrainSystem`,
 stepped as Lightning steps it. The reference: `ElectraForPreTraining` + `ElectraForMaskedLM` with tied embeddings,
 SDPA attention, dropout 0.1, MLM logits at every position, Gumbel-max sampling over all positions (the reference
-implementation's `sample_from_softmax`), AdamW with the same parameter groups, schedule and clipping."""
+implementation's `sample_from_softmax`), the same Adam update as ours (optim.bias_correction: torch's AdamW by
+default, the reference's without bias correction when false), parameter groups, schedule and clipping."""
 
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks
 from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.base import mask_tokens
+from electra_ablate.optim.adam import adam_over_parameters
+from electra_ablate.optim.groups import unique_parameters
+from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training import build, checks
-from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
 def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None = None) -> DictConfig:
@@ -152,7 +155,7 @@ class OursRunner:
             betas=list(cfg.optim.betas), eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
             warmup_steps=cfg.optim.warmup_steps, max_grad_norm=cfg.optim.max_grad_norm,
             max_steps=cfg.trainer.max_steps, log_every_n_steps=cfg.logger.log_every_n_steps,
-            fused_adam=fp.fused_adam, _recursive_=False,
+            fused_adam=fp.fused_adam, bias_correction=cfg.optim.bias_correction, _recursive_=False,
         ).to(device)
         self.system.train()
         if fp.compile:
@@ -213,7 +216,8 @@ class TransformersRunner:
         self.gen.train()
         named = unique_parameters([self.disc, self.gen])
         o = cfg.optim
-        self.optimizer = adamw(named, o.lr, tuple(o.betas), o.eps, o.weight_decay, fused=fused_adam)
+        self.optimizer = adam_over_parameters(named, o.lr, tuple(o.betas), o.eps, o.weight_decay, fused=fused_adam,
+                                              bias_correction=o.bias_correction)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, linear_warmup_decay(o.warmup_steps, cfg.trainer.max_steps)
         )

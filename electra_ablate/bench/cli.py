@@ -3,8 +3,8 @@
 `python -m electra_ablate.bench` writes reports/benchmarks.md. The reference is what a researcher
 would write around transformers: `ElectraForPreTraining` + `ElectraForMaskedLM` with tied embeddings, SDPA
 attention, dropout 0.1, MLM logits at every position (as `ElectraForMaskedLM` computes them), Gumbel-max
-sampling over all positions (the reference implementation's `sample_from_softmax`), AdamW with the same
-parameter groups, schedule and gradient clipping. Ours is the `electra` objective built exactly as
+sampling over all positions (the reference implementation's `sample_from_softmax`), our Adam update
+(optim.bias_correction) with the same parameter groups, schedule and gradient clipping. Ours is the `electra` objective built exactly as
 `training/build.py` builds it (`build_networks` + the configured algorithm's `PretrainSystem`), stepped as Lightning
 steps it (training_step, backward, clip, optimizer and scheduler step). Both see the same real batches of the
 Wikipedia sample, interleaved A B A B after warm-up; the report gives medians and their ratio.
@@ -19,8 +19,8 @@ pieces/s of `data=text_files`, section `build`).
 
 The package keeps measuring and writing apart: `settings` (what a run is asked, the machine, the `Report` every
 section fills), `builds` (the two networks and the batches), `measure` (timing, FLOPs, syncs, memory), one
-module per group of sections (`sections_speed`, `sections_checks`, `sections_pipeline`), `render` (the markdown),
-and this module (the command line and the order the sections run in).
+module per group of sections (`sections_speed`, `sections_checks`, `sections_pipeline`), `render` and
+`render_sections` (the markdown), and this module (the command line and the order the sections run in).
 """
 
 from __future__ import annotations

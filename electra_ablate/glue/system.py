@@ -29,8 +29,10 @@ from electra_ablate.glue.features import Features
 from electra_ablate.glue.metrics import compute_metrics
 from electra_ablate.glue.tasks import TaskSpec
 from electra_ablate.models.encoder import ElectraModel
-from electra_ablate.training.optim import adam, linear_warmup_decay, no_decay
-from electra_ablate.training.system import FusedClipping
+from electra_ablate.optim.adam import adam
+from electra_ablate.optim.clipping import FusedClipping
+from electra_ablate.optim.groups import no_decay
+from electra_ablate.optim.schedule import linear_warmup_decay
 
 # --- layer-wise learning rates -------------------------------------------------------------------------
 

@@ -159,29 +159,57 @@ def import_pretrained(
     network needs one; fine-tuning never reads it); `info["heads"]` lists the heads that were loaded.
     `info["model"]` has the shape of a pre-trained directory's `config.json["model"]`.
     """
-    transformers = require_transformers()
+    require_transformers()  # before anything else: nothing below works without it
     local = Path(spec).expanduser() if _is_local(spec) else None
     if local is not None and not local.is_dir():
         raise HFInteropError(
             f"{spec}: no such directory; expected a transformers checkpoint directory or a Hub id such as "
             "google/electra-small-discriminator"
         )
-    source = str(local) if local is not None else spec
-    model_type = _model_type(spec, local)
-    config_class = getattr(transformers, {"electra": "ElectraConfig", "bert": "BertConfig"}[model_type])
-    try:
-        hf_config = config_class.from_pretrained(source)
-    except OSError as e:
-        raise _hub_error(spec, e) from e
-    _check_architecture(spec, hf_config)
+    model_type, hf_config = _hf_config(spec, local)
     config = encoder_config(hf_config)
     vocab_file = _vocab_file(spec, local, cache_dir)
     check_vocab(config.vocab_size, vocab_file, spec)
+    architecture, mapped, missing, dropped = _hf_weights(spec, local, model_type, hf_config)
+    heads, notes = _keep_complete_heads(mapped, missing)
+    if dropped:
+        groups = sorted({".".join(k.split(".")[:2]) for k in dropped})
+        notes.append(f"dropped weights that fine-tuning does not use: {', '.join(groups)}")
+    net = _network(spec, config, mapped, heads)
+    info = {
+        "format": "transformers",
+        "source": spec,
+        "model_type": model_type,
+        "architecture": architecture,
+        "model_name": infer_model_name(config),
+        "model": {"config": config.to_dict(), "mlm_head": net.has_mlm_head, "disc_head": net.has_disc_head},
+        "heads": heads,
+        "do_lower_case": _do_lower_case(spec, local),
+        "notes": notes,
+    }
+    return net, info, vocab_file
 
+
+def _hf_config(spec: str, local: Path | None):
+    """(model_type, the transformers config) of a checkpoint our encoder can load; anything else is refused."""
+    model_type = _model_type(spec, local)
+    config_class = getattr(require_transformers(), {"electra": "ElectraConfig", "bert": "BertConfig"}[model_type])
+    try:
+        hf_config = config_class.from_pretrained(str(local) if local is not None else spec)
+    except OSError as e:
+        raise _hub_error(spec, e) from e
+    _check_architecture(spec, hf_config)
+    return model_type, hf_config
+
+
+def _hf_weights(spec: str, local: Path | None, model_type: str, hf_config) -> tuple[str, dict, set[str], list[str]]:
+    """The checkpoint's weights under our names: (its architecture, mapped state, our names of the weights it
+    lacks, its keys that we do not use). Loaded through the transformers class of its heads."""
     architecture = (hf_config.architectures or [BASE_CLASSES[model_type]])[0]
     class_name = architecture if architecture in HEADED_CLASSES[model_type] else BASE_CLASSES[model_type]
     try:
-        hf_model, loading = getattr(transformers, class_name).from_pretrained(source, output_loading_info=True)
+        hf_model, loading = getattr(require_transformers(), class_name).from_pretrained(
+            str(local) if local is not None else spec, output_loading_info=True)
     except OSError as e:
         if local is None:
             raise _hub_error(spec, e) from e
@@ -199,6 +227,12 @@ def import_pretrained(
         raise HFInteropError(
             f"{spec}: the checkpoint lacks {len(encoder_missing)} encoder weights, e.g. {encoder_missing[:3]}"
         )
+    return architecture, mapped, missing, dropped
+
+
+def _keep_complete_heads(mapped: dict, missing: set[str]) -> tuple[list[str], list[str]]:
+    """Drop from `mapped` each head the checkpoint lacks weights of, or whose MLM output is not tied to the
+    input embeddings as ours is; returns (the heads kept, a note per head dropped)."""
     word_embeddings = mapped["electra.embeddings.word_embeddings.weight"]
     notes, heads = [], []
     for head, prefixes in HEAD_PREFIXES.items():
@@ -217,10 +251,11 @@ def import_pretrained(
         for k in keys:
             del mapped[k]
     mapped.pop("generator_lm_head.weight", None)  # tied to the word embeddings by tie_weights()
-    if dropped:
-        groups = sorted({".".join(k.split(".")[:2]) for k in dropped})
-        notes.append(f"dropped weights that fine-tuning does not use: {', '.join(groups)}")
+    return heads, notes
 
+
+def _network(spec: str, config, mapped: dict, heads: list[str]) -> ElectraForPretraining:
+    """Our network with the kept heads (a fresh discriminator head when none was kept), loaded from `mapped`."""
     net = ElectraForPretraining(config, mlm_head="mlm" in heads, disc_head="disc" in heads or not heads)
     missing_ours, unexpected = net.load_state_dict(mapped, strict=False)
     # A fresh discriminator head (no head loaded) and the tied output weight are expected to be missing.
@@ -233,15 +268,4 @@ def import_pretrained(
             f"{spec}: weights do not fit our encoder (missing {missing_ours}, unexpected {unexpected})"
         )
     net.tie_weights()
-    info = {
-        "format": "transformers",
-        "source": spec,
-        "model_type": model_type,
-        "architecture": architecture,
-        "model_name": infer_model_name(config),
-        "model": {"config": config.to_dict(), "mlm_head": net.has_mlm_head, "disc_head": net.has_disc_head},
-        "heads": heads,
-        "do_lower_case": _do_lower_case(spec, local),
-        "notes": notes,
-    }
-    return net, info, vocab_file
+    return net

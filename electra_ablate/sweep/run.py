@@ -10,7 +10,9 @@ submitit = SLURM, Ray):
    seed=<seeds>`, each variant a generated config (sweep.compose);
 2. fine-tune every (pre-training run, checkpoint, task, seed): `python -m electra_ablate.finetune -m
    +sweep_checkpoint=<checkpoints> task=<tasks> seed=<seeds>`, one generated config per checkpoint;
-3. write the report (electra_ablate.report).
+3. write the report: the callable `report_writer` of conf/sweep.yaml names (electra_ablate.report's
+   `write_report`). The report reads runs through this package's spec and plan, so the runner is handed it
+   rather than importing it.
 
 Work already done is found in MLflow (sweep.plan) and not launched again; the entry points also skip finished
 work themselves. A failed job ends its MLflow run FAILED and the multirun goes on with the others (Hydra's
@@ -25,13 +27,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from electra_ablate.common import cli
-from electra_ablate.report.build import write_report
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
@@ -40,6 +43,14 @@ from electra_ablate.sweep.spec import REPO_ROOT, SweepError
 from electra_ablate.tracking import runs as tracking
 
 log = logging.getLogger(__name__)
+
+
+class ReportWriter(Protocol):
+    """Writes <report_dir>/<sweep>.md from the sweep's runs and returns its path; `running_sweep_run` is the
+    sweep's own MLflow run, still RUNNING, and `running_wall_time` its seconds so far."""
+
+    def __call__(self, ctx: SweepContext, client, report_dir: Path, running_sweep_run: str | None = None,
+                 running_wall_time: float | None = None) -> Path: ...
 
 
 @dataclass
@@ -121,12 +132,15 @@ def run_sweep(
     report_dir: Path | None = None,
     dry_run: bool = False,
     command: str = "",
+    write_report: ReportWriter | None = None,
 ) -> SweepResult:
     """Run the phases; returns what was launched and the report's path. The sweep itself is one MLflow run
     (kind=sweep) holding its command, launcher, phases, environment and wall time: the report's provenance."""
     unknown = sorted(set(phases) - {"pretrain", "finetune", "report"})
     if unknown:
         raise SweepError(f"unknown phase(s) {unknown}; phases are pretrain, finetune, report")
+    if "report" in phases and write_report is None and not dry_run:
+        raise SweepError("the report phase needs a report writer (report_writer in conf/sweep.yaml)")
     check_launcher(launcher)
     validate(ctx)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
@@ -171,7 +185,8 @@ def main(cfg: DictConfig) -> str | None:
     ctx = context_from_cfg(cfg)
     hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]
     command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
-    result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run), command)
+    result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run),
+                       command, instantiate(cfg.report_writer))
     for r in result.phases:
         print(f"{r.name}: {r.jobs} job(s) launched" + (f", exit code {r.returncode}" if r.returncode else "")
               + (f", {r.seconds:.0f} s" if r.seconds else ""))

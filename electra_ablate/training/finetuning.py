@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
+from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import FinetuneError, Pretrained, normalise_spec, resolve_pretrained
 
 log = logging.getLogger(__name__)
@@ -39,62 +39,6 @@ log = logging.getLogger(__name__)
 # Config keys that only say where data lives or how fast it goes: left out of the run identity along with
 # tracking.IDENTITY_EXCLUDE (paths, logger, runtime, hydra, sweep).
 DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size", "predict_test")
-
-
-# --- settings checked before anything runs ---------------------------------------------------------------
-
-
-def _positive(value, key: str, fix: str, integer: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if ok and integer and int(value) != value:
-        ok = False
-    if not ok:
-        kind = "a positive integer" if integer else "a positive number"
-        raise FinetuneError(f"{key}={value!r} must be {kind}; {fix}")
-
-
-def validate(cfg: DictConfig) -> None:
-    """Reject fine-tuning settings that cannot work, naming the key and the fix, before any data is read or any
-    MLflow run exists (a run of 0 epochs would otherwise be recorded FINISHED, untrained)."""
-    members = cfg.task.members.items() if "members" in cfg.task else [(cfg.task.name, cfg.task)]
-    for name, task_cfg in members:
-        key = f"task.members.{name}.epochs" if "members" in cfg.task else "task.epochs"
-        _positive(task_cfg.epochs, key, f"the paper fine-tunes {name} for 3 epochs (10 for rte and stsb)", integer=True)
-    d = cfg.glue_data
-    _positive(d.batch_size, "glue_data.batch_size", "the paper uses 32", integer=True)
-    _positive(d.eval_batch_size, "glue_data.eval_batch_size", "e.g. 128", integer=True)
-    _positive(d.max_seq_length, "glue_data.max_seq_length", "the paper uses 128", integer=True)
-    for key in ("max_train_examples", "max_eval_examples"):
-        if d[key] is not None:
-            _positive(d[key], f"glue_data.{key}", "or null for every row", integer=True)
-    o = cfg.finetune_optim
-    if o.lr is not None:
-        _positive(o.lr, "finetune_optim.lr", "or null for the paper's lr by model size")
-    for size, lr in o.lr_by_size.items():
-        _positive(lr, f"finetune_optim.lr_by_size.{size}", "the paper: small 3e-4, base 1e-4, large 5e-5")
-    decays = [("finetune_optim.layerwise_lr_decay", o.layerwise_lr_decay)] if o.layerwise_lr_decay is not None else []
-    decays += [(f"finetune_optim.layerwise_lr_decay_by_size.{k}", v) for k, v in o.layerwise_lr_decay_by_size.items()]
-    for key, value in decays:
-        if not (isinstance(value, (int, float)) and 0 < value <= 1):
-            raise FinetuneError(f"{key}={value!r} must be in (0, 1] (1 = no decay); the paper uses 0.8 (0.9 for large)")
-    if not (isinstance(o.warmup_fraction, (int, float)) and 0 <= o.warmup_fraction < 1):
-        raise FinetuneError(f"finetune_optim.warmup_fraction={o.warmup_fraction!r} must be in [0, 1): the fraction of "
-                            "the steps spent warming up (the paper: 0.1)")
-    if not (isinstance(o.max_grad_norm, (int, float)) and o.max_grad_norm > 0 and math.isfinite(o.max_grad_norm)):
-        raise FinetuneError(f"finetune_optim.max_grad_norm={o.max_grad_norm!r} must be a positive number (the paper: 1.0)")
-    if not isinstance(o.bias_correction, bool):
-        raise FinetuneError(f"finetune_optim.bias_correction={o.bias_correction!r} must be true or false (false: the "
-                            "reference's Adam, model/optimization.py; true: torch's AdamW)")
-    if o.loss_reduction not in ("sum", "mean"):
-        raise FinetuneError(f"finetune_optim.loss_reduction={o.loss_reduction!r} must be sum (the reference "
-                            "run_finetuning.py sums the per-example losses over the batch) or mean")
-    for key in ("hidden", "attention", "classifier"):
-        value = cfg.dropout[key]
-        if not (isinstance(value, (int, float)) and 0 <= value < 1):
-            raise FinetuneError(f"dropout.{key}={value!r} must be in [0, 1) (the paper: 0.1)")
-    steps = cfg.trainer.max_steps
-    if not (isinstance(steps, int) and (steps == -1 or steps > 0)):
-        raise FinetuneError(f"trainer.max_steps={steps!r} must be -1 (train for task.epochs) or a positive step count")
 
 
 # --- tasks and data --------------------------------------------------------------------------------------
@@ -235,14 +179,61 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
     if done is not None:  # finished by another process while this one waited to start
         tracking.retire_stale(client, runs, keep=done.info.run_id)
         return done.data.metrics["final/score"]
-    d = cfg.glue_data
     vocab_digest = file_digest(pretrained.vocab_file)
-    features = {
-        split: cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained),
-                               int(d.max_seq_length), task.is_regression, cfg.paths.cache_dir)
-        for split, examples in data.items()
-    }
+    features = {split: _features(cfg, task, examples, pretrained, tokenizer, vocab_digest)
+                for split, examples in data.items()}
     dev = {s.name: features[s.name] for s in task.dev_splits}
+    optim = protocol(cfg, pretrained)
+    params = _run_params(cfg, ident, pretrained, optim, len(features["train"]), vocab_digest)
+    run = _open_run(cfg, client, runs, task, pretrained, cfg_hash, params)
+    try:
+        system = _fit(cfg, task, task_cfg, pretrained, optim, features, dev, tokenizer, run)
+        final, score = _log_scores(run, task, system)
+        out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
+        run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
+        if test:
+            test_preds = {
+                split: submit.predict(system, _features(cfg, task, examples, pretrained, tokenizer, vocab_digest),
+                                      int(cfg.glue_data.eval_batch_size), tokenizer.token_to_id("[PAD]") or 0,
+                                      precision(cfg) if on_gpu(cfg) else None)
+                for split, examples in test.items()
+            }
+            out = out.with_name("test_predictions.tsv")
+            run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
+        run.finish("FINISHED")
+    except BaseException as error:
+        run.finish(*tracking.end_status(error))
+        raise
+    key = task.paper_metric
+    log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
+             final[key], score, len(system.history), run.run_id)
+    return score
+
+
+def _features(cfg, task: glue.TaskSpec, examples, pretrained: Pretrained, tokenizer, vocab_digest: str) -> Features:
+    d = cfg.glue_data
+    return cached_features(examples, tokenizer, vocab_digest, lowercase(cfg, pretrained), int(d.max_seq_length),
+                           task.is_regression, cfg.paths.cache_dir)
+
+
+def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, train_examples: int,
+                vocab_digest: str) -> dict[str, str]:
+    """The run's MLflow params: its identity, and what was resolved from it (provenance, not identity)."""
+    params = tracking.flatten(ident)
+    params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
+                   "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
+                   # Always shown, though the identity leaves them out at torch AdamW's values (true, mean).
+                   "finetune_optim.bias_correction": str(optim.bias_correction),
+                   "finetune_optim.loss_reduction": optim.loss_reduction,
+                   "resolved.train_examples": str(train_examples),
+                   "runtime.resolved_precision": precision(cfg),
+                   tracking.PARAM_VOCAB_SHA256: vocab_digest})
+    return params
+
+
+def _open_run(cfg, client, runs, task: glue.TaskSpec, pretrained: Pretrained, cfg_hash: str,
+              params: dict[str, str]) -> tracking.RunLogger:
+    """The identity's MLflow run, nested under the pre-training run; its other runs retired."""
     tags = {
         tracking.TAG_KIND: "finetune",
         "task": task.name,
@@ -258,93 +249,76 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         tracking.TAG_VARIANT: cfg.sweep.variant or pretrained.tags.get(tracking.TAG_VARIANT, ""),
         "git_commit": tracking.git_commit(),
     }
-    optim = protocol(cfg, pretrained)
-    params = tracking.flatten(ident)
-    params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
-                   "resolved.layerwise_lr_decay": str(optim.layerwise_lr_decay),
-                   # Always shown, though the identity leaves them out at torch AdamW's values (true, mean).
-                   "finetune_optim.bias_correction": str(optim.bias_correction),
-                   "finetune_optim.loss_reduction": optim.loss_reduction,
-                   "resolved.train_examples": str(len(features["train"])),
-                   "runtime.resolved_precision": precision(cfg),
-                   tracking.PARAM_VOCAB_SHA256: vocab_digest})  # provenance, not identity
-    run_name = f"{task.name}-s{cfg.seed}"
     if runs:
         # One run per identity: an interrupted one starts again from step 0 in place (fine-tuning saves no
         # checkpoint: a run is minutes long); steps it had already logged are not logged twice.
         run = tracking.RunLogger.adopt(client, runs[0], "restarted from step 0 in place (fine-tuning keeps no checkpoint)",
                                       {k: v for k, v in tags.items() if k != tracking.TAG_CONFIG_HASH})
     else:
-        run = tracking.RunLogger.start(client, cfg.logger.experiment, run_name, tags, params,
+        run = tracking.RunLogger.start(client, cfg.logger.experiment, f"{task.name}-s{cfg.seed}", tags, params,
                                        parent_run_id=None if cfg.random_init else pretrained.run_id)
     tracking.retire_stale(client, runs, keep=run.run_id)
-    try:
-        pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-        torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
-        encoder = pretrained.make_encoder()
-        if cfg.runtime.compile:
-            encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
-        system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
-                                float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
-        system.metrics_sink = run.log_metrics
-        system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
-        datamodule = GlueDataModule(
-            features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
-            length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
-            pin_memory=bool(auto_flag(cfg.runtime.pin_memory, on_gpu(cfg))),
-            pad_id=tokenizer.token_to_id("[PAD]") or 0,
-        )
-        trainer = pl.Trainer(
-            max_epochs=int(task_cfg.epochs),
-            max_steps=int(cfg.trainer.max_steps),
-            accelerator=cfg.trainer.accelerator,
-            devices=cfg.trainer.devices,
-            precision=precision(cfg),
-            gradient_clip_val=float(cfg.finetune_optim.max_grad_norm),
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
-            default_root_dir=cfg.paths.output_dir,
-        )
-        trainer.fit(system, datamodule)
-        if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
-            raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
-        if system.global_step == 0:  # never a FINISHED run that did not train
-            raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
-                                f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
-        if system.evaluated_at_step != system.global_step:  # trainer.max_steps stopped it mid-epoch
-            trainer.validate(system, datamodule=datamodule, verbose=False)
-        final = system.history[-1]  # the paper reports the last epoch
-        key = task.paper_metric
-        values = np.array([h[key] for h in system.history], dtype=float)
-        best_epoch = int(np.nanargmax(values)) + 1 if np.isfinite(values).any() else len(values)
-        best = system.history[best_epoch - 1]
-        score = task_score(task, final)
-        summary = {f"final/{k}": v for k, v in final.items()}
-        summary.update({f"best/{k}": v for k, v in best.items()})
-        summary.update({"best_epoch": best_epoch, "final/score": score})
-        run.log_metrics(summary, step=len(system.history))
-        out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
-        run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
-        if test:
-            test_preds = {
-                split: submit.predict(system, cached_features(
-                    examples, tokenizer, vocab_digest, lowercase(cfg, pretrained), int(d.max_seq_length),
-                    task.is_regression, cfg.paths.cache_dir), int(d.eval_batch_size),
-                    tokenizer.token_to_id("[PAD]") or 0, precision(cfg) if on_gpu(cfg) else None)
-                for split, examples in test.items()
-            }
-            out = out.with_name("test_predictions.tsv")
-            run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
-        run.finish("FINISHED")
-    except BaseException as error:
-        run.finish(*tracking.end_status(error))
-        raise
-    log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
-             final[key], score, len(system.history), run.run_id)
-    return score
+    return run
+
+
+def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: OptimSettings,
+         features: dict[str, Features], dev: dict[str, Features], tokenizer, run: tracking.RunLogger) -> FinetuneSystem:
+    """Seed, build the system and its data, and train it for task.epochs (or trainer.max_steps), ending with an
+    evaluation at the last step; metrics go to `run` as they come."""
+    d = cfg.glue_data
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
+    encoder = pretrained.make_encoder()
+    if cfg.runtime.compile:
+        encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
+    system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
+                            float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
+    system.metrics_sink = run.log_metrics
+    system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
+    datamodule = GlueDataModule(
+        features["train"], dev, int(d.batch_size), int(d.eval_batch_size), int(cfg.seed),
+        length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
+        pin_memory=bool(auto_flag(cfg.runtime.pin_memory, on_gpu(cfg))),
+        pad_id=tokenizer.token_to_id("[PAD]") or 0,
+    )
+    trainer = pl.Trainer(
+        max_epochs=int(task_cfg.epochs),
+        max_steps=int(cfg.trainer.max_steps),
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        precision=precision(cfg),
+        gradient_clip_val=float(cfg.finetune_optim.max_grad_norm),
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
+        default_root_dir=cfg.paths.output_dir,
+    )
+    trainer.fit(system, datamodule)
+    if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
+        raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+    if system.global_step == 0:  # never a FINISHED run that did not train
+        raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
+                            f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
+    if system.evaluated_at_step != system.global_step:  # trainer.max_steps stopped it mid-epoch
+        trainer.validate(system, datamodule=datamodule, verbose=False)
+    return system
+
+
+def _log_scores(run: tracking.RunLogger, task: glue.TaskSpec, system: FinetuneSystem) -> tuple[dict, float]:
+    """Log the last epoch's metrics (what the paper reports), the best epoch's and the task score; returns the
+    last epoch's metrics and the score."""
+    final = system.history[-1]
+    values = np.array([h[task.paper_metric] for h in system.history], dtype=float)
+    best_epoch = int(np.nanargmax(values)) + 1 if np.isfinite(values).any() else len(values)
+    best = system.history[best_epoch - 1]
+    score = task_score(task, final)
+    summary = {f"final/{k}": v for k, v in final.items()}
+    summary.update({f"best/{k}": v for k, v in best.items()})
+    summary.update({"best_epoch": best_epoch, "final/score": score})
+    run.log_metrics(summary, step=len(system.history))
+    return final, score
 
 
 # --- the run ---------------------------------------------------------------------------------------------

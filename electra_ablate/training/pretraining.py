@@ -127,81 +127,27 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     # One run per identity: the finished run whose outputs are gone, else the newest interrupted one.
     previous = done if done is not None else (runs[0] if runs else None)
 
-    ckpt_dir = store / "checkpoints"
-    last_ckpt = ckpt_dir / "last.ckpt"
+    last_ckpt = store / "checkpoints" / "last.ckpt"
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
 
     dm = build.data_module(cfg)
     dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
-    special = dm.special
     sharing = build.sharing_mode(cfg)
-    model, generator, objective = build.build_networks(cfg, dm, special, sharing)
+    model, generator, objective = build.build_networks(cfg, dm, dm.special, sharing)
     system = build.system(cfg, model, generator, objective)
     system.seed = cfg.seed
 
-    exported: dict[int, str] = json.loads((store / "checkpoints.json").read_text()) if (store / "checkpoints.json").is_file() else {}
-
-    def save(step: int, name: str | None = None) -> Path:
-        nets = sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
-        path = save_pretrained(
-            store / "pretrained" / (name or f"step_{step}"),
-            nets.model,
-            dm.vocab_path,
-            meta={
-                "objective": cfg.objective.name,
-                "sharing": cfg.sharing.name,
-                "algorithm": cfg.algorithm.name,
-                "model_name": cfg.model.name,
-                "do_lower_case": bool(cfg.data.lowercase),
-                "step": step,
-                "run_id": run.run_id,
-                "flops": system.flops_at(step),
-            },
-            generator=nets.generator,
-        )
-        exported[str(step)] = str(path)
-        io.write_text(store / "checkpoints.json", json.dumps(exported, indent=1, sort_keys=True))
-        run.set_tags({"checkpoints": json.dumps(exported, sort_keys=True)})
-        return path
-
+    exports = Exports(cfg, store, system, sharing, dm.vocab_path)
     export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
-    trainer = build.trainer(cfg, store, system.automatic_optimization, [ExportPretrained(export_steps, save), *(callbacks or [])])
+    trainer = build.trainer(cfg, store, system.automatic_optimization, [ExportPretrained(export_steps, exports.save), *(callbacks or [])])
     global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
     system.stage_flops = build.step_flops(cfg, model, generator, global_batch)
     system.flops_per_step = system.stage_flops["joint"]
-    # How often this run goes over its corpus, against the paper's ~5 passes (ELECTRA-Small, 3.3B tokens).
-    budget = corpus_budget(dm.cache.meta["num_tokens"], dm.num_examples, cfg.trainer.max_steps,
-                           cfg.data.batch_size * trainer.accumulate_grad_batches * trainer.world_size,
-                           cfg.data.max_seq_length)
-    log.info("corpus: %.1fM word pieces in %d examples; the run sees %.2fB tokens: %.1f passes over it",
-             budget["corpus/tokens"] / 1e6, budget["corpus/examples"], budget["corpus/tokens_to_see"] / 1e9,
-             budget["corpus/passes"])
-    warning = passes_warning(budget)
-    if warning:
-        log.warning(warning)
+    budget = _corpus_budget(cfg, dm, trainer)
 
-    # The identity's run continues: from the last checkpoint when there is one (metrics already logged are
-    # not logged again), else from step 0 in place. RUNNING leftovers of dead processes are marked KILLED.
     resume = previous is not None and last_ckpt.is_file()
-    if previous is not None:
-        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
-        if previous.info.status == "FINISHED":
-            how += "; its outputs were missing"
-        run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
-        log.info("run %s (%s): %s", previous.info.run_id, previous.info.status, how)
-    else:
-        run = tracking.RunLogger.start(
-            client,
-            cfg.logger.experiment,
-            run_name=cfg.run_name,
-            tags=run_tags(cfg, cfg_hash),
-            params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
-                    "runtime.resolved_precision": build.resolve_precision(cfg),
-                    **{k: str(round(v, 4) if isinstance(v, float) else v) for k, v in budget.items()}},
-        )
-        run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
-        run.log_metrics(budget, 0)
+    run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget)
     tracking.retire_stale(client, runs, keep=run.run_id)
     system.metrics_sink = run.log_metrics
     system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
@@ -210,7 +156,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
         trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None)
         if trainer.interrupted:
             raise KeyboardInterrupt("pre-training was interrupted")
-        final = save(trainer.global_step, "final")
+        final = exports.save(trainer.global_step, "final")
         run.log_metrics({"flops/total": system.flops_at(trainer.global_step)}, trainer.global_step)
         run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
         run.finish("FINISHED")
@@ -223,3 +169,78 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
         raise
     log.info("pre-trained %s -> %s (MLflow run %s)", cfg.run_name, final, run.run_id)
     return run.run_id
+
+
+class Exports:
+    """The pre-trained directories of one run (models/checkpoint.py format): saved at the export steps and at
+    the end, listed in <store>/checkpoints.json and in the run's `checkpoints` tag."""
+
+    def __init__(self, cfg: DictConfig, store: Path, system: pl.LightningModule, sharing, vocab_path: Path):
+        self.cfg, self.store, self.system, self.sharing, self.vocab_path = cfg, store, system, sharing, vocab_path
+        listing = store / "checkpoints.json"
+        self.saved: dict[str, str] = json.loads(listing.read_text()) if listing.is_file() else {}  # step -> directory
+        self.run: tracking.RunLogger | None = None  # set once the run is open, before the first step
+
+    def save(self, step: int, name: str | None = None) -> Path:
+        cfg, system = self.cfg, self.system
+        nets = self.sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
+        path = save_pretrained(
+            self.store / "pretrained" / (name or f"step_{step}"),
+            nets.model,
+            self.vocab_path,
+            meta={
+                "objective": cfg.objective.name,
+                "sharing": cfg.sharing.name,
+                "algorithm": cfg.algorithm.name,
+                "model_name": cfg.model.name,
+                "do_lower_case": bool(cfg.data.lowercase),
+                "step": step,
+                "run_id": self.run.run_id,
+                "flops": system.flops_at(step),
+            },
+            generator=nets.generator,
+        )
+        self.saved[str(step)] = str(path)
+        io.write_text(self.store / "checkpoints.json", json.dumps(self.saved, indent=1, sort_keys=True))
+        self.run.set_tags({"checkpoints": json.dumps(self.saved, sort_keys=True)})
+        return path
+
+
+def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer) -> dict[str, float]:
+    """How often this run goes over its corpus, against the paper's ~5 passes (ELECTRA-Small, 3.3B tokens);
+    logged, with a warning when it is far more."""
+    budget = corpus_budget(dm.cache.meta["num_tokens"], dm.num_examples, cfg.trainer.max_steps,
+                           cfg.data.batch_size * trainer.accumulate_grad_batches * trainer.world_size,
+                           cfg.data.max_seq_length)
+    log.info("corpus: %.1fM word pieces in %d examples; the run sees %.2fB tokens: %.1f passes over it",
+             budget["corpus/tokens"] / 1e6, budget["corpus/examples"], budget["corpus/tokens_to_see"] / 1e9,
+             budget["corpus/passes"])
+    warning = passes_warning(budget)
+    if warning:
+        log.warning(warning)
+    return budget
+
+
+def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, resume: bool, last_ckpt: Path,
+              dm: PretrainDataModule, budget: dict[str, float]) -> tracking.RunLogger:
+    """The identity's run continues: from the last checkpoint when there is one (metrics already logged are not
+    logged again), else from step 0 in place; with no previous run, a new one with the config as params."""
+    if previous is not None:
+        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
+        if previous.info.status == "FINISHED":
+            how += "; its outputs were missing"
+        run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
+        log.info("run %s (%s): %s", previous.info.run_id, previous.info.status, how)
+        return run
+    run = tracking.RunLogger.start(
+        client,
+        cfg.logger.experiment,
+        run_name=cfg.run_name,
+        tags=run_tags(cfg, cfg_hash),
+        params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
+                "runtime.resolved_precision": build.resolve_precision(cfg),
+                **{k: str(round(v, 4) if isinstance(v, float) else v) for k, v in budget.items()}},
+    )
+    run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
+    run.log_metrics(budget, 0)
+    return run

@@ -22,28 +22,15 @@ from torch import nn
 
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
+from electra_ablate.optim.adam import adam_over_parameters
+from electra_ablate.optim.clipping import FusedClipping
+from electra_ablate.optim.groups import unique_parameters
+from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training.auc import BinnedAUC
-from electra_ablate.training.optim import adamw, linear_warmup_decay, unique_parameters
 
 
 class TrainingError(RuntimeError):
     pass
-
-
-class FusedClipping:
-    """Mix into a LightningModule (before it) so gradient clipping works with a fused optimizer under bf16."""
-
-    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        # Lightning's mixed-precision plugin refuses to clip for a fused optimizer (runtime.fused_adam), assuming
-        # an fp16 gradient scaler that the fused step unscales; bf16-mixed (the GPU default) has no scaler, so
-        # the gradients are true values and are clipped here by global norm (reference clip_by_global_norm).
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if gradient_clip_val and getattr(optimizer, "_step_supports_amp_scaling", False) and scaler is None:
-            if gradient_clip_algorithm not in (None, "norm"):
-                raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r}: only 'norm' clipping is supported")
-            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], gradient_clip_val)
-            return
-        super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
 class PretrainSystem(FusedClipping, pl.LightningModule):
@@ -126,8 +113,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
     def configure_optimizers(self):
         params = unique_parameters([self.model, self.generator, self.objective])
         fused = self.fused_adam if self.fused_adam is not None else self.device.type == "cuda"
-        optimizer = adamw(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
-                          bias_correction=self.bias_correction)
+        optimizer = adam_over_parameters(params, self.lr, self.betas, self.eps, self.weight_decay, fused=fused,
+                                         bias_correction=self.bias_correction)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(self.warmup_steps, self.max_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

@@ -5,7 +5,7 @@ which pulls each weight towards 1 / its loss, i.e. lambda towards MLM / disc.
 They start at the fixed weights (objective.gen_weight and objective.disc_weight, the paper's 1 and 50), so the
 learned lambda starts at the paper's value; the effective lambda exp(-s_disc) / exp(-s_gen) is logged as
 train/disc_weight. The log-variances are loss weights, not network weights: their name ends in `bias`, so
-AdamW leaves them out of weight decay (`training.optim.no_decay`), which would otherwise pull both weights
+the optimizer leaves them out of weight decay (`optim.groups.no_decay`), which would otherwise pull both weights
 towards 1."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The reference's Adam update as a torch optimizer: `AdamWeightDecayOptimizer` of google-research/electra
-`model/optimization.py`, which pre-training and fine-tuning both use.
+`model/optimization.py`, which the reference's pre-training and fine-tuning both use. Here fine-tuning uses it
+by default (finetune_optim.bias_correction=false) and pre-training with optim.bias_correction=false (its
+default is torch's AdamW).
 
 Per parameter p with gradient g (after clipping at global norm 1.0, done outside the optimizer as the
 reference's `create_optimizer` does), with the group's lr (layer-wise and scheduled) and weight decay wd:
