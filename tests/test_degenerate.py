@@ -26,6 +26,7 @@ from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.training import finetuning
 from electra_ablate.tracking import runs as tracking
+from tests.hermetic import finetune_hash_of
 
 # The README's main job in miniature: ELECTRA and BERT at one pre-training seed, random init shaped like ELECTRA.
 SWEEP = """
@@ -84,6 +85,7 @@ def build(tmp: Path, data_dir: Path, arms: dict, task: str = "sst2", checkpoints
         run.finish("FINISHED")
         runs[variant] = run.run_id
     spec = glue.get_task(task)
+    hashes = finetune_hash_of(ctx, client)
     for variant, make in arms.items():
         source = runs["electra" if variant == "none" else variant]
         for step in steps if variant != "none" else [100]:
@@ -91,7 +93,7 @@ def build(tmp: Path, data_dir: Path, arms: dict, task: str = "sst2", checkpoints
                 preds = (make[seed] if isinstance(make, list) else make)(task, seed)
                 labels = LABELS[task]
                 tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": source, "variant": variant,
-                        "pretrained_step": step, "sweep": "honest", "config_hash": f"{variant}{step}{task}{seed}",
+                        "pretrained_step": step, "sweep": "honest", "config_hash": hashes[(variant, step, task, seed)],
                         **({tracking.TAG_RANDOM_INIT: "true"} if variant == "none" else {})}
                 time.sleep(0.002)
                 run = tracking.RunLogger.start(client, "honest", f"{variant}-{task}-s{seed}", tags, parent_run_id=source)

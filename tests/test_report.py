@@ -22,6 +22,7 @@ from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
+from tests.hermetic import finetune_hash_of
 
 SWEEP_FILE = """
 name: mini
@@ -76,9 +77,11 @@ def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int 
 
 
 def finetune_run(client, pretrain_id: str, variant: str, step: int, task: str, seed: int, score: float | None,
-                 status: str = "FINISHED", vocab: str | None = None) -> str:
+                 status: str = "FINISHED", vocab: str | None = None, hashes: dict | None = None) -> str:
+    """A fine-tuning run of the grid's current config (`hashes`: hermetic.finetune_hash_of), else of another."""
+    config_hash = (hashes or {}).get((variant, step, task, seed), f"other-{variant}{step}{task}{seed}")
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id, "pretrained_step": step,
-            "variant": variant, "sweep": "mini", "config_hash": f"{variant}{step}{task}{seed}", "git_commit": "abc123"}
+            "variant": variant, "sweep": "mini", "config_hash": config_hash, "git_commit": "abc123"}
     run = start(client, tags, {tracking.PARAM_VOCAB_SHA256: vocab} if vocab else None)
     if score is not None:
         run.log_metrics({"final/score": score, "final/accuracy": score / 100}, 3)
@@ -93,14 +96,17 @@ def store(tmp_path_factory, data_dir):
     ids = {v: pretrain_run(client, ctx, v) for v in ("electra", "bert")}
     pretrain_run(client, ctx, "replace_mlm", status="FAILED")
     pretrain_run(client, ctx, "electra", seed=5)  # same sweep, a seed outside the grid: never counted
+    hashes = finetune_hash_of(ctx, client)
     # An older finished electra run for rte seed 0 with another score: the newest one must win.
-    finetune_run(client, ids["electra"], "electra", 100, "rte", 0, 1.0)
+    finetune_run(client, ids["electra"], "electra", 100, "rte", 0, 1.0, hashes=hashes)
+    # A newer run of another fine-tuning config (a changed default) for rte seed 1: never counted.
+    finetune_run(client, ids["electra"], "electra", 100, "rte", 1, 99.0)
     for scores, step in ((HALF, 50), (FINAL, 100)):
         for variant, per_task in scores.items():
             for task, values in per_task.items():
                 for seed, score in enumerate(values):
-                    finetune_run(client, ids[variant], variant, step, task, seed, score)
-    finetune_run(client, ids["bert"], "bert", 100, "rte", 2, None, status="FAILED")
+                    finetune_run(client, ids[variant], variant, step, task, seed, score, hashes=hashes)
+    finetune_run(client, ids["bert"], "bert", 100, "rte", 2, None, status="FAILED", hashes=hashes)
     return ctx, client, ids
 
 
@@ -237,7 +243,8 @@ def test_report_lists_each_arms_vocabulary_and_warns_when_they_differ(tmp_path, 
     vocab = {"electra": "a" * 64, "bert": bert_vocab}
     for variant in ("electra", "bert"):
         run_id = pretrain_run(client, ctx, variant, vocab=vocab[variant])
-        finetune_run(client, run_id, variant, 100, "rte", 0, 60.0, vocab=vocab[variant])
+        finetune_run(client, run_id, variant, 100, "rte", 0, 60.0, vocab=vocab[variant],
+                     hashes=finetune_hash_of(ctx, client))
     text = write_report(ctx, client, tmp_path / "reports").read_text()
     provenance = text.split("## How this was produced")[1]
     assert f"electra `{'a' * 12}`; bert `{bert_vocab[:12]}`; replace_mlm no runs" in provenance

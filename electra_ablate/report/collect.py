@@ -21,7 +21,8 @@ from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.predictions import is_degenerate, load_run_predictions
 from electra_ablate.sweep.compose import SweepContext
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
-from electra_ablate.sweep.plan import PretrainState, checkpoints_of, finetune_key, key_of, pretrain_states, random_init_checkpoints
+from electra_ablate.sweep.plan import (PretrainState, checkpoints_of, finetune_hashes, finetune_key, key_of,
+                                       pretrain_states, random_init_checkpoints)
 from electra_ablate.tracking import runs as tracking
 
 
@@ -51,6 +52,11 @@ def _tags(row: pd.Series) -> dict[str, str]:
     return {c[len("tags."):]: str(v) for c, v in row.items() if c.startswith("tags.") and isinstance(v, str)}
 
 
+def _current(rows: Sequence[pd.Series], config_hash: str) -> pd.Series | None:
+    """The newest of `rows` (newest first) run with `config_hash`."""
+    return next((r for r in rows if r.get(f"tags.{tracking.TAG_CONFIG_HASH}") == config_hash), None)
+
+
 def collect(ctx: SweepContext, client) -> SweepData:
     spec = ctx.spec
     frame = tracking.runs_frame(client, ctx.experiment)
@@ -72,8 +78,10 @@ def collect(ctx: SweepContext, client) -> SweepData:
 
     ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
     ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft
-    done: dict[FinetuneKey, pd.Series] = {}
-    failed: dict[FinetuneKey, pd.Series] = {}
+    # Newest first, every run of a key: only a run of the fine-tuning config the sweep asks for now counts (its
+    # config_hash tag, as sweep.plan counts them), so a changed default never reports the old config's scores.
+    done: dict[FinetuneKey, list[pd.Series]] = {}
+    failed: dict[FinetuneKey, list[pd.Series]] = {}
     for _, row in ft.iterrows():
         key = finetune_key(_tags(row))
         if key is None:
@@ -82,24 +90,26 @@ def collect(ctx: SweepContext, client) -> SweepData:
             key = key._replace(step="")  # an imported model's step is whatever the import reports
         finished = row["status"] == "FINISHED" and (not is_missing(row.get("metrics.final/score"))
                                                     or "final/score" in client.get_run(row["run_id"]).data.metrics)
-        target = done if finished else failed
-        target.setdefault(key, row)
+        (done if finished else failed).setdefault(key, []).append(row)
 
+    hashes = finetune_hashes(ctx, checkpoints) if checkpoints and spec.tasks and spec.seeds else {}
     records = []
     predictions: dict[str, mb.RunPredictions | None] = {}
     for c in checkpoints:
         for task in spec.tasks:
-            absent = []
+            absent, superseded = [], []
             for seed in spec.seeds:
-                key = key_of(c, task, seed)
-                row = done.get(key)
+                key, want = key_of(c, task, seed), hashes[(c.config_name, task, seed)]
+                row = _current(done.get(key, []), want)
                 if row is None:
-                    bad = failed.get(key)
-                    if bad is None:
-                        absent.append(seed)
-                    else:
+                    bad = _current(failed.get(key, []), want)
+                    if bad is not None:
                         problems.append(f"fine-tuning {c.config_name} {task} seed {seed}: {bad['status']} "
                                         f"(MLflow run {bad['run_id']})")
+                    elif done.get(key):
+                        superseded.append(seed)
+                    else:
+                        absent.append(seed)
                     continue
                 undefined = is_missing(row.get("metrics.final/score"))
                 preds = load_run_predictions(client, row["run_id"], task)
@@ -114,6 +124,10 @@ def collect(ctx: SweepContext, client) -> SweepData:
             if absent:
                 problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(absent) > 1 else ''} "
                                 f"{', '.join(map(str, absent))}: missing (no MLflow run)")
+            if superseded:
+                problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(superseded) > 1 else ''} "
+                                f"{', '.join(map(str, superseded))}: finished only with another fine-tuning config "
+                                "(not counted); run the sweep again to fine-tune with the current one")
     scores = pd.DataFrame.from_records(records, columns=[
         "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id",
         "degenerate"])
