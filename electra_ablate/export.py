@@ -18,6 +18,7 @@ import json
 import re
 from pathlib import Path
 
+from electra_ablate.common import cli
 from electra_ablate.hf.convert import HFInteropError
 from electra_ablate.hf.exporting import export_pretrained
 from electra_ablate.tracking import store
@@ -94,5 +95,11 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     return written
 
 
-if __name__ == "__main__":
+@cli.one_line_errors
+def cli_main() -> None:
+    """Console entry: a refused source or output ends in one line (common/cli.py)."""
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -43,6 +43,7 @@ from electra_ablate.bench.sections_speed import (section_bert, section_compile, 
 from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, NO_GPU_NOTE, PRECISIONS, PROBE_TAG, REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
                                            log, machine_info)
+from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
 
 
@@ -171,3 +172,9 @@ def main(argv: list[str] | None = None) -> Report | None:
     write_text(out, render(rep))
     log(f"wrote {out}")
     return rep
+
+
+@cli.one_line_errors
+def cli_main() -> None:
+    """Console entry: a refused option ends in one line (common/cli.py)."""
+    main()

@@ -1,24 +1,34 @@
-"""Command-line overrides checked before Hydra starts: a misspelt key gets the keys it may have meant.
+"""The command line the entry points share: overrides checked before Hydra starts, and refusals in one line.
 
 Hydra answers `optim.learning_rate=1` with "To append to your config use +optim.learning_rate=1", which
 adds a key that nothing reads: the run then trains with the default learning rate. Here every `key=value`
 override of an existing config group's keys is looked up in the config it would change, and an unknown one
 stops the command with the closest existing keys instead; an unknown group option or an override that does
 not parse stops it the same way.
+
+A refused input (a bad value, a missing file, a sweep that cannot work) ends the command with one line
+`error: <message>` on stderr and exit status 1 (`one_line_errors`), not Hydra's "Error executing job" and a
+stack; HYDRA_FULL_ERROR=1 keeps the stack. Inside a multirun the error is left to the launcher, which records
+the job FAILED and reports the first failure once the other jobs have run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import io
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from omegaconf import OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+PACKAGE = __name__.split(".")[0]
+F = TypeVar("F", bound=Callable)
 
 
 def _leaf_keys(container: dict) -> list[str]:
@@ -75,6 +85,21 @@ def _options_with(config_name: str, groups: Sequence[str], key: str) -> list[str
     others = [g for g in groups if g.split("=")[0] != group]
     return [f"{group}={o}" for o in _options(group)
             if _has_key(_composed(config_name, [*others, f"{group}={o}"]) or {}, key)]
+
+
+def _one_line(text: str) -> str:
+    """A multi-line message (Hydra's lists options one per indented line) as one line."""
+    parts: list[str] = []
+    for raw in text.strip().splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if parts and raw[:1].isspace():
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line)
+    last = len(parts) - 1
+    return " ".join(p if i == last or p.endswith((".", ":", ";")) else f"{p};" for i, p in enumerate(parts))
 
 
 def _syntax_hint(word: str) -> str:
@@ -182,3 +207,52 @@ def check_args(config_name: str, args: Sequence[str] | None = None) -> None:
     if message:
         sys.exit(f"error: {message}")
 
+
+# --- refusals in one line -----------------------------------------------------------------------------------
+
+
+def refusal_message(error: BaseException) -> str | None:
+    """The one-line message of an error that refuses an input, else None (a bug: its stack is worth keeping).
+
+    Refusals are the exceptions this package defines (each raised with what is wrong and the fix), Hydra's
+    composition errors raised inside a run (a sweep's variant naming an unknown option) and a required `???`
+    value left unset; an instantiation error counts when what it wraps does."""
+    from hydra.errors import CompactHydraException, InstantiationException
+    from omegaconf.errors import MissingMandatoryValue
+
+    if isinstance(error, InstantiationException):
+        return refusal_message(error.__cause__) if error.__cause__ is not None else None
+    if any(c.__module__.split(".")[0] == PACKAGE for c in type(error).__mro__):
+        return _one_line(str(error))
+    if isinstance(error, CompactHydraException):
+        return _one_line(str(error))
+    if isinstance(error, MissingMandatoryValue) and error.full_key:
+        key = error.full_key
+        return f"{key} has no value (??? in its config): give it, e.g. {key}=... on the command line"
+    return None
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def one_line_errors(main: F) -> F:
+    """Decorate an entry point (a Hydra task function or a console `main`): a refusal ends the command with
+    `error: <message>` and exit status 1. Other errors, any error inside a multirun (the launcher records the
+    job FAILED and goes on), and every error under HYDRA_FULL_ERROR=1 propagate with their stack."""
+
+    @functools.wraps(main)
+    def run(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            message = refusal_message(error)
+            if message is None or _in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            # SystemExit passes Hydra's job runner, which catches Exception only.
+            sys.exit(f"error: {message}")
+
+    return run  # type: ignore[return-value]

@@ -73,6 +73,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
+@cli.one_line_errors
 def main(cfg: DictConfig) -> str:
     ctx = context_from_cfg(cfg)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
