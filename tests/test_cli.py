@@ -1,6 +1,6 @@
 """The command line as users meet it, through the real entry points in subprocesses: corpora whose config has a
 required key pre-train end to end, and a refused input ends in one `error:` line with no stack (the stack only
-with HYDRA_FULL_ERROR=1, and a multirun's failure left to Hydra's launcher)."""
+with HYDRA_FULL_ERROR=1, and a multirun's failure left to Hydra's launcher), and every command's --help."""
 
 from __future__ import annotations
 
@@ -115,3 +115,29 @@ def test_a_multirun_leaves_a_failed_job_to_hydra(tmp_path):
     done = cli(tmp_path, "pretrain", "-m", "optim.lr=-1", "seed=0,1")
     assert done.returncode == 1 and "Error executing job with overrides" in done.stderr
     assert "ConfigError: optim.lr=-1 must be a positive number" in done.stderr
+
+
+# --- help ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", ["pretrain", "finetune", "sweep", "report"])
+def test_help_says_what_the_command_does(tmp_path, module):
+    done = cli(tmp_path, module, "--help")
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout
+    assert text.startswith(f"python -m electra_ablate.{module} "), text[:300]
+    assert "Main options:" in text and f"  python -m electra_ablate.{module} " in text.split("Examples:")[1]
+    assert "objective: all_tokens_mlm, bert, electra" in text  # the config groups, as Hydra lists them
+    assert "--cfg job" in text and "powered by Hydra" not in text
+
+
+@pytest.mark.parametrize("module", ["export", "bench", "submit"])
+def test_argparse_help_has_an_example(module, capsys):
+    import importlib
+
+    main = importlib.import_module({"export": "electra_ablate.export", "bench": "electra_ablate.bench.cli",
+                                    "submit": "electra_ablate.glue.submit"}[module]).main
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert done.value.code == 0 and f"  python -m electra_ablate.{module} " in text.split("example")[1]

@@ -299,8 +299,15 @@ def collect_predictions(client, experiment: str, variant: str, how: str, step: i
 
 @cli.one_line_errors
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m electra_ablate.submit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI or outputs/mlflow.db)")
+    parser = argparse.ArgumentParser(
+        prog="python -m electra_ablate.submit", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write the zip of GLUE test-set predictions the GLUE server expects (CoLA.tsv ... AX.tsv),\n"
+        "from one fine-tuning run per task of a sweep's variant; the runs must have kept their test\n"
+        "predictions (glue_data.predict_test=true).",
+        epilog="example:\n  python -m electra_ablate.submit --experiment table5_efficiency --variant electra "
+        "--pick median --out submissions/electra.zip")
+    parser.add_argument("--store", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                        "$ELECTRA_ABLATE_HOME/mlflow.db, else <checkout>/outputs/mlflow.db)")
     parser.add_argument("--experiment", required=True, help="the sweep's MLflow experiment (its name)")
     parser.add_argument("--variant", required=True, help="variant label whose runs are submitted")
     parser.add_argument("--pick", default="median", choices=("median", "best"), help="which run per task (dev score)")
