@@ -51,6 +51,7 @@ def test_a_corpus_with_a_required_key_pre_trains_from_the_command_line(tmp_path,
     client = MlflowClient(f"sqlite:///{tmp_path}/home/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     assert run.info.status == "FINISHED" and Path(run.data.tags["checkpoint_path"], "config.json").is_file()
+    assert "the run sees" in done.stdout + done.stderr and "0.00B" not in done.stdout + done.stderr
 
 
 # --- refusals ------------------------------------------------------------------------------------------------
