@@ -4,6 +4,7 @@ with HYDRA_FULL_ERROR=1, and a multirun's failure left to Hydra's launcher), and
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def test_a_corpus_with_a_required_key_pre_trains_from_the_command_line(tmp_path,
     client = MlflowClient(f"sqlite:///{tmp_path}/home/mlflow.db")
     (run,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     assert run.info.status == "FINISHED" and Path(run.data.tags["checkpoint_path"], "config.json").is_file()
+    assert "litlogger" not in done.stdout + done.stderr  # Lightning's advert is dropped (training/__init__.py)
     assert "the run sees" in done.stdout + done.stderr and "0.00B" not in done.stdout + done.stderr
 
 
@@ -142,3 +144,26 @@ def test_argparse_help_has_an_example(module, capsys):
         main(["--help"])
     text = capsys.readouterr().out
     assert done.value.code == 0 and f"  python -m electra_ablate.{module} " in text.split("example")[1]
+
+
+# --- small things ---------------------------------------------------------------------------------------------
+
+
+def test_lightning_keeps_its_messages_but_not_its_litlogger_advert():
+    import pytorch_lightning as pl
+
+    import electra_ablate.training  # noqa: F401 - installs the filter
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    loggers = [logging.getLogger(f"{package}.utilities.rank_zero") for package in ("pytorch_lightning", "lightning_fabric")]
+    for lg in loggers:
+        lg.addHandler(handler)
+    try:
+        pl.Trainer(logger=False, accelerator="cpu", enable_progress_bar=False, enable_checkpointing=False)
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+    assert any("GPU available" in m for m in seen), seen  # Lightning's own messages still pass
+    assert not any("litlogger" in m for m in seen), seen
