@@ -1,5 +1,5 @@
 """The command line as users meet it, through the real entry points in subprocesses: corpora whose config has a
-required key pre-train end to end, and a refused input ends in one `error:` line with no stack (the stack only
+required key pre-train end to end, a refused input ends in one `error:` line with no stack (the stack only
 with HYDRA_FULL_ERROR=1, and a multirun's failure left to Hydra's launcher), every command's --help, and a
 sweep given by path runs in one folder named after its file."""
 
@@ -155,10 +155,15 @@ def test_a_sweep_given_by_path_runs_in_one_folder_named_after_its_file(tmp_path)
     path = tmp_path / "sweeps" / "mine.yaml"
     path.write_text("tasks: [rte]\nseeds: [0]\npretrain: {model: tiny, trainer.max_steps: 2, optim.warmup_steps: 0}\n"
                     "variants:\n  electra: {objective: electra}\n")
-    done = cli(tmp_path, "sweep", f"sweep={path}", "dry_run=true", f"report_dir={tmp_path}/reports")
+    # Extra overrides for every job, quoted as README.md writes them.
+    done = cli(tmp_path, "sweep", f"sweep={path}", "dry_run=true", f"report_dir={tmp_path}/reports",
+               'pretrain_overrides=["trainer=ddp","runtime.precision=32-true"]')
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = (tmp_path / "home" / "runs").iterdir()
     assert run_dir.name.endswith("_sweep-mine") and (run_dir / ".hydra" / "config.yaml").is_file()
+    pretrain = f"{sys.executable} -m electra_ablate.pretrain -m"
+    (command,) = [line for line in done.stdout.splitlines() if line.startswith(pretrain)]
+    assert " +sweep_variant=electra " in command and " trainer=ddp runtime.precision=32-true " in command
 
 
 def test_lightning_keeps_its_messages_but_not_its_litlogger_advert():
