@@ -14,3 +14,9 @@ if not OmegaConf.has_resolver("cwd"):
 # outputs, the MLflow store and the caches do not depend on the directory a command is started from.
 if not OmegaConf.has_resolver("electra_ablate_root"):
     OmegaConf.register_new_resolver("electra_ablate_root", lambda: str(Path(__file__).resolve().parent.parent))
+
+# `${sweep_name:${sweep}}`: a sweep given by path (`sweep=/path/to/mine.yaml`) is named by its file's stem, as
+# one given by name (sweeps/<name>.yaml) is, so a run folder named after it is one folder, not a nested path.
+if not OmegaConf.has_resolver("sweep_name"):
+    OmegaConf.register_new_resolver(
+        "sweep_name", lambda sweep: Path(str(sweep)).name.removesuffix(".yaml").removesuffix(".yml"))

@@ -18,6 +18,7 @@ import json
 import re
 from pathlib import Path
 
+from electra_ablate.common import cli
 from electra_ablate.hf.convert import HFInteropError
 from electra_ablate.hf.exporting import export_pretrained
 from electra_ablate.tracking import store
@@ -75,7 +76,13 @@ def resolve_source(source: str, tracking_uri: str | None = None, step: int | Non
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     parser = argparse.ArgumentParser(
-        prog="python -m electra_ablate.export", description=__doc__.split("\n\n")[0],
+        prog="python -m electra_ablate.export",
+        description="Export a pre-training run (or a pre-trained directory) as Hugging Face transformers models:\n"
+        "discriminator/ (or mlm/, plus copy_gate/ for All-Tokens MLM) and generator/, each loadable with\n"
+        "from_pretrained(dir) and AutoTokenizer.from_pretrained(dir).",
+        epilog="examples:\n  python -m electra_ablate.export <pre-training run id> exported/\n"
+        "  python -m electra_ablate.export <run id> exported_50k/ --step 50000\n"
+        "  python -m electra_ablate.export outputs/pretrain/<experiment>/<hash>/pretrained/final exported/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("source", help="MLflow pre-training run id, or a pre-trained directory (<run>/pretrained/...)")
@@ -94,5 +101,11 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     return written
 
 
-if __name__ == "__main__":
+@cli.one_line_errors
+def cli_main() -> None:
+    """Console entry: a refused source or output ends in one line (common/cli.py)."""
     main()
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -12,6 +12,7 @@ from electra_ablate.training.finetuning import run
 
 
 @hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="finetune")
+@cli.one_line_errors
 def main(cfg: DictConfig) -> float:
     return run(cfg)
 

@@ -14,6 +14,7 @@ from electra_ablate.training.pretraining import train
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="pretrain", version_base="1.3")
+@cli.one_line_errors
 def main(cfg: DictConfig) -> str | None:
     return train(cfg)
 

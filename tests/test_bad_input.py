@@ -78,6 +78,8 @@ PRETRAIN_VALUES = {
                                   r"objective.position_sampling='uniform' must be one of without_replacement, reference"),
     "disallow correct not a flag": (["objective.disallow_correct=maybe"],
                                     r"objective.disallow_correct='maybe' must be true or false"),
+    "required key unset": (["data=text_files"],
+                           r"data.paths has no value \(\?\?\? in conf/data/\): give it, e.g. data.paths=\.\.\. on the"),
 }
 
 
@@ -145,7 +147,12 @@ UNKNOWN_KEYS = {
     "pretrain other name": ("pretrain", ["optim.learning_rate=1e-3"], r"optim.learning_rate is not a key .*optim has: .*\blr\b"),
     "pretrain wrong parent": ("pretrain", ["lr=3e-4"], r"lr is not a key .*did you mean optim.lr\?"),
     "pretrain key of another option": ("pretrain", ["objective=bert", "objective.disc_weight=50"],
-                                       r"objective.disc_weight is not a key of the pretrain config"),
+                                       r"objective.disc_weight is not a key of the pretrain config with objective=bert; "
+                                       r"objective=electra and objective=electra_15 have it"),
+    "pretrain key of the option not chosen": ("pretrain", ["data.paths=[/corpora]"],
+                                              r"data.paths is not a key .* with data=wiki_sample; data=text_files has it"),
+    "pretrain list item out of range": ("pretrain", ["optim.betas.2=0.5"], r"optim.betas.2 is not a key .*optim.betas"),
+    "report misspelt": ("report", ["scales=tiny"], r"scales is not a key of the report config; did you mean scale\?"),
     "finetune misspelt": ("finetune", ["task.epoch=3"], r"task.epoch is not a key .*did you mean task.epochs\?"),
     "sweep misspelt": ("sweep", ["scales=tiny"], r"scales is not a key of the sweep config; did you mean scale\?"),
 }
@@ -163,6 +170,38 @@ def test_unknown_keys_get_the_right_hint(config, args, message):
 
 def test_known_keys_pass():
     assert cli.unknown_key_message("pretrain", ["optim.lr=1e-3", "objective=bert", "seed=0,1"]) is None
+    # Required keys (`???` in their option's file) are keys too, and so are list items by index.
+    assert cli.unknown_key_message("pretrain", ["data=text_files", "data.paths=[/corpora/wiki]"]) is None
+    assert cli.unknown_key_message("pretrain", ["data=hf_dataset", "data.name=/saved/by/save_to_disk"]) is None
+    assert cli.unknown_key_message("pretrain", ["optim.betas.0=0.8"]) is None
+    # Hydra's own flags and their values are not overrides.
+    assert cli.unknown_key_message("pretrain", ["--cfg", "job", "--package", "data", "model=small"]) is None
+    assert cli.unknown_key_message("pretrain", ["-m", "seed=0,1", "objective=bert,electra"]) is None
+    assert cli.unknown_key_message("pretrain", ["experiment=null", "optim.lr=1e-3"]) is None  # null: no option
+
+
+BAD_COMMAND_LINES = {
+    "unknown group option": ("pretrain", ["objective=electra_1"],
+                             r"objective=electra_1 is not an option of objective; did you mean objective=electra_15\? "
+                             r"its options \(conf/objective/\): all_tokens_mlm, bert, electra, electra_15, replace_mlm"),
+    "unknown option in a sweep": ("pretrain", ["-m", "objective=bert,bertt"], r"objective=bertt is not an option of objective"),
+    "override that does not parse": ("pretrain", ["optim.lr=["], r"'optim.lr=\[' is not a valid override .*override_grammar"),
+    "list of overrides unquoted": ("sweep", ["pretrain_overrides=[trainer=ddp,runtime.precision=bf16-mixed]"],
+                                   r"an item holding `=` goes in quotes: "
+                                   r"'pretrain_overrides=\[\"trainer=ddp\",\"runtime.precision=bf16-mixed\"\]'"),
+}
+
+
+@pytest.mark.parametrize("config, args, message", BAD_COMMAND_LINES.values(), ids=BAD_COMMAND_LINES.keys())
+def test_bad_command_lines_get_one_message(config, args, message):
+    import re
+
+    text = cli.unknown_key_message(config, args)
+    assert text is not None and re.search(message, text), text
+
+
+def test_options_a_search_path_may_add_are_left_to_hydra():
+    assert cli.unknown_key_message("pretrain", ["objective=toy", "hydra.searchpath=[file:///elsewhere]"]) is None
 
 
 # --- fine-tuning ---------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from electra_ablate import pretrain
 from electra_ablate.common.io import atomic_file
 from electra_ablate.data import corpus_build as C
 from electra_ablate.data import wordpiece_shards as W
-from electra_ablate.data.budget import corpus_budget, passes_warning
+from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.cache import _ARRAYS, PretrainCache, build_or_load
 from electra_ablate.data.corpus_files import TextFiles
 from electra_ablate.data.errors import DataError
@@ -314,8 +314,16 @@ def test_passes_over_the_corpus_and_the_warning():
     assert small_on_slice["corpus/example_epochs"] == pytest.approx(1_000_000 * 128 / 470_000)
     warning = passes_warning(small_on_slice)
     assert "273 passes" in warning and "~5 for ELECTRA-Small" in warning and "data=text_files" in warning
+    assert warning.startswith("this run sees 16.4B tokens of a 60.0M-token corpus")
+    tiny = passes_warning(corpus_budget(12_000, 47, 2000, 32, 128))  # a test corpus: no "0.00B tokens"
+    assert tiny.startswith("this run sees 8.2M tokens of a 12.0k-token corpus: 683 passes")
     paper = corpus_budget(3_300_000_000, 26_000_000, 1_000_000, 128, 128)
     assert round(paper["corpus/passes"]) == 5 and passes_warning(paper) is None
+
+
+def test_token_counts_are_written_in_the_unit_their_size_calls_for():
+    assert [count(n) for n in (0, 950, 999_960, 49_152, 60e6, 16_384_000_000)] == \
+        ["0", "950", "1.0M", "49.2k", "60.0M", "16.4B"]
 
 
 def test_a_run_on_text_files_logs_its_passes(tmp_path, pretrain_cfg):

@@ -1,6 +1,6 @@
 """`python -m electra_ablate.bench`."""
 
-from electra_ablate.bench.cli import main
+from electra_ablate.bench.cli import cli_main
 
 if __name__ == "__main__":
-    main()
+    cli_main()

@@ -43,19 +43,26 @@ from electra_ablate.bench.sections_speed import (section_bert, section_compile, 
 from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, NO_GPU_NOTE, PRECISIONS, PROBE_TAG, REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
                                            log, machine_info)
+from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
 
 
 def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
-    p = argparse.ArgumentParser(prog="python -m electra_ablate.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m electra_ablate.bench", description=__doc__.split("\n\n")[0],
+        epilog="examples:\n  python -m electra_ablate.bench --models tiny,small\n"
+        "  python -m electra_ablate.bench --models tiny --sections build --out reports/benchmarks_corpus_build.md\n"
+        "  python -m electra_ablate.bench --quick --models tiny --out /tmp/bench.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="tiny,small", help="conf/model options, comma-separated (default tiny,small)")
     p.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
     p.add_argument("--batch-size", type=int, default=None, help="default 32 on CPU, 128 on GPU")
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--seq-len", type=int, default=128, help="sequence length (default 128)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before each measurement (default 2)")
     p.add_argument("--reps", type=int, default=5, help="timed steps per implementation in the main comparison")
     p.add_argument("--piece-reps", type=int, default=5, help="timed steps per row in the other sections")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help=f"torch threads (default {torch.get_num_threads()}: what torch uses here)")
     p.add_argument("--accumulate", type=int, default=4,
                    help="gradient-accumulation probe: micro-batches of --batch-size per step (default 4: 32 x 4 = "
                         "the paper's ELECTRA-Small batch of 128)")
@@ -69,7 +76,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
                                                                "or ../shared/data)")
     p.add_argument("--cache-dir", type=Path, default=REPO / "outputs" / "cache", help="token cache (paths.cache_dir)")
     p.add_argument("--override", action="append", default=[], help="a Hydra override for every config (repeatable)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the markdown report to write (default "
+                   "reports/benchmarks.md)")
     p.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps everywhere (tests, smoke runs)")
     p.add_argument("--build-paths", default="", help="comma-separated files, folders or globs for the corpus-build "
                                                      "section (default: the Wikipedia slice; --quick: the sample)")
@@ -171,3 +179,9 @@ def main(argv: list[str] | None = None) -> Report | None:
     write_text(out, render(rep))
     log(f"wrote {out}")
     return rep
+
+
+@cli.one_line_errors
+def cli_main() -> None:
+    """Console entry: a refused option ends in one line (common/cli.py)."""
+    main()

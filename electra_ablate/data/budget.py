@@ -9,6 +9,14 @@ PAPER_PASSES = {"ELECTRA-Small": 5, "ELECTRA-Base": 30}
 PASSES_WARNING = 50.0
 
 
+def count(n: float) -> str:
+    """A count of tokens in the unit its size calls for: 950, 49.2k, 60.0M, 16.4B."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if round(abs(n) / scale, 1) >= 1:
+            return f"{n / scale:.1f}{unit}"
+    return f"{n:.0f}"
+
+
 def corpus_budget(corpus_tokens: int, num_examples: int, max_steps: int, global_batch: int,
                   max_seq_length: int) -> dict[str, float]:
     """The corpus's size and how often a run of `max_steps` steps of `global_batch` sequences goes over it.
@@ -34,7 +42,7 @@ def passes_warning(budget: dict[str, float]) -> str | None:
         return None
     paper = ", ".join(f"~{v} for {k}" for k, v in PAPER_PASSES.items())
     return (
-        f"this run sees {budget['corpus/tokens_to_see'] / 1e9:.2f}B tokens of a {budget['corpus/tokens'] / 1e6:.1f}M-"
+        f"this run sees {count(budget['corpus/tokens_to_see'])} tokens of a {count(budget['corpus/tokens'])}-"
         f"token corpus: {passes:.0f} passes over it, against the paper's {paper} over 3.3B tokens (section 3.1). "
         "Examples repeat that often, so results may not reflect the paper's. Use a larger corpus "
         "(data=text_files data.paths=[...] or data=hf_dataset data.name=...), or fewer trainer.max_steps."

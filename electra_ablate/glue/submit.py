@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -31,6 +30,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import torch
 
+from electra_ablate.common import cli
 from electra_ablate.common.io import atomic_file
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.features import Features
@@ -297,9 +297,17 @@ def collect_predictions(client, experiment: str, variant: str, how: str, step: i
     return predictions, picked
 
 
+@cli.one_line_errors
 def main(argv: Sequence[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m electra_ablate.submit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", default=None, help="tracking URI (default: MLFLOW_TRACKING_URI or outputs/mlflow.db)")
+    parser = argparse.ArgumentParser(
+        prog="python -m electra_ablate.submit", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write the zip of GLUE test-set predictions the GLUE server expects (CoLA.tsv ... AX.tsv),\n"
+        "from one fine-tuning run per task of a sweep's variant; the runs must have kept their test\n"
+        "predictions (glue_data.predict_test=true).",
+        epilog="example:\n  python -m electra_ablate.submit --experiment table5_efficiency --variant electra "
+        "--pick median --out submissions/electra.zip")
+    parser.add_argument("--store", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                        "$ELECTRA_ABLATE_HOME/mlflow.db, else <checkout>/outputs/mlflow.db)")
     parser.add_argument("--experiment", required=True, help="the sweep's MLflow experiment (its name)")
     parser.add_argument("--variant", required=True, help="variant label whose runs are submitted")
     parser.add_argument("--pick", default="median", choices=("median", "best"), help="which run per task (dev score)")
@@ -312,11 +320,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
     from electra_ablate.tracking import runs as tracking
 
     client = MlflowClient(tracking.resolve_tracking_uri(args.store))
-    try:
-        predictions, picked = collect_predictions(client, args.experiment, args.variant, args.pick, args.step)
-        path, written = write_submission(predictions, args.out, args.partial)
-    except SubmitError as e:
-        sys.exit(f"submit: {e}")
+    predictions, picked = collect_predictions(client, args.experiment, args.variant, args.pick, args.step)
+    path, written = write_submission(predictions, args.out, args.partial)
     for task_name, run in picked.items():
         print(f"{task_name}: run {run.info.run_id} (seed {run.data.tags.get('seed')}, dev score "
               f"{run.data.metrics['final/score']:.2f}, {args.pick})")

@@ -76,7 +76,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time), closing)
 
 
-@hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
+@hydra.main(config_path=str(cli.CONF_DIR), config_name="report", version_base="1.3")
+@cli.one_line_errors
 def main(cfg: DictConfig) -> str:
     ctx = context_from_cfg(cfg)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
@@ -87,7 +88,7 @@ def main(cfg: DictConfig) -> str:
 
 def cli_main() -> None:
     """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
-    cli.check_args("sweep")
+    cli.check_args("report")
     main()
 
 

@@ -181,6 +181,7 @@ def run_sweep(
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
+@cli.one_line_errors
 def main(cfg: DictConfig) -> str | None:
     ctx = context_from_cfg(cfg)
     hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from hydra.utils import get_class
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate.models.encoder import LAYER_NORMS
 from electra_ablate.objectives.positions import SAMPLING
@@ -114,6 +114,10 @@ def value_problems(cfg: DictConfig) -> list[str]:
 
 def validate(cfg: DictConfig) -> None:
     """Reject configs that cannot work before any data is built, any step is taken or any run is recorded."""
+    missing = sorted(OmegaConf.missing_keys(cfg))  # `???`: a value only the user can give (data.paths)
+    if missing:
+        raise ConfigError("; ".join(f"{k} has no value (??? in conf/{k.split('.')[0]}/): give it, e.g. {k}=... on the "
+                                    "command line; the option's file shows examples" for k in missing))
     problems = value_problems(cfg)
     if problems:
         raise ConfigError("; ".join(problems))

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from electra_ablate.common import io
-from electra_ablate.data.budget import corpus_budget, passes_warning
+from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
 from electra_ablate.tracking import runs as tracking
@@ -212,8 +212,8 @@ def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer)
     budget = corpus_budget(dm.cache.meta["num_tokens"], dm.num_examples, cfg.trainer.max_steps,
                            cfg.data.batch_size * trainer.accumulate_grad_batches * trainer.world_size,
                            cfg.data.max_seq_length)
-    log.info("corpus: %.1fM word pieces in %d examples; the run sees %.2fB tokens: %.1f passes over it",
-             budget["corpus/tokens"] / 1e6, budget["corpus/examples"], budget["corpus/tokens_to_see"] / 1e9,
+    log.info("corpus: %s word pieces in %d examples; the run sees %s tokens: %.1f passes over it",
+             count(budget["corpus/tokens"]), budget["corpus/examples"], count(budget["corpus/tokens_to_see"]),
              budget["corpus/passes"])
     warning = passes_warning(budget)
     if warning:
