@@ -193,11 +193,11 @@ def check_bench_build(result: Result, runner: Runner) -> None:
     assert out.is_file() and "word pieces/s" in out.read_text(), out
 
 
-def check_lrprobe(random_init: bool, jobs: int) -> Callable:
-    """docs/cpu_scale.md's probe: every (encoder, lr, seed) job FINISHED in the experiment `lrprobe`."""
+def check_lrprobe(random_init: bool, jobs: int, experiment: str = "lrprobe") -> Callable:
+    """docs/cpu_scale.md's probes: every (encoder, lr, seed) job FINISHED in the probe's experiment."""
 
     def check(result: Result, runner: Runner) -> None:
-        runs = [r for r in runner.runs(experiment="lrprobe", kind="finetune")
+        runs = [r for r in runner.runs(experiment=experiment, kind="finetune")
                 if (r.data.tags.get("random_init") == "true") == random_init]
         assert len(runs) >= jobs, [(r.data.tags, r.data.params.get("finetune_optim.lr")) for r in runs]
 
@@ -348,6 +348,23 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "logger.experiment=lrprobe"):
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert-s0 pretrained/final>": BERT_DIR},
               check=check_lrprobe(random_init=True, jobs=3)),
+    ("python -m electra_ablate.finetune -m pretrained=<electra pretrained/final> random_init=true task=sst2 "
+     "seed=0,1 finetune_optim.lr=3e-4,5e-4,1e-3,2e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 "
+     "task.epochs=2 runtime.num_workers=0 logger.experiment=ftprobe"):
+        Smoke(("seed=0", "finetune_optim.lr=1e-3", *FINETUNE_SMALL), replace={"<electra pretrained/final>": PRETRAINED_DIR},
+              check=check_lrprobe(random_init=True, jobs=1, experiment="ftprobe")),
+    ("python -m electra_ablate.finetune -m pretrained=<bert pretrained/final> task=sst2 seed=0,1 "
+     "finetune_optim.lr=5e-4,1e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
+     "runtime.num_workers=0 logger.experiment=ftprobe"):
+        Smoke(("seed=0", "finetune_optim.lr=1e-3", *FINETUNE_SMALL), replace={"<bert pretrained/final>": BERT_DIR},
+              check=check_lrprobe(random_init=False, jobs=1, experiment="ftprobe")),
+    ("python -m electra_ablate.finetune -m pretrained=<bert pretrained/final>,<electra pretrained/final> "
+     "random_init=false task=sst2 seed=0,1 finetune_optim.lr=2e-3 finetune_optim.bias_correction=true "
+     "finetune_optim.loss_reduction=mean glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
+     "runtime.num_workers=0 logger.experiment=ftprobe"):
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert pretrained/final>": BERT_DIR,
+                                                    "<electra pretrained/final>": PRETRAINED_DIR},
+              check=check_lrprobe(random_init=False, jobs=2, experiment="ftprobe")),
     # docs/dashboard.md
     "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
         Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),
