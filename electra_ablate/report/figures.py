@@ -29,8 +29,13 @@ def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
     labels = [v.label for v in spec.variants]
     fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(labels) + 1.5), 3.6))
     paper = load_paper_results()
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
     for i, v in enumerate(labels):
         seeds = summary.seed_glue[summary.seed_glue["variant"] == v]["glue"].to_numpy()
+        mine = final[final["variant"] == v] if len(final) else final
+        if len(mine) and mine["degenerate"].eq(True).all():  # every run predicts one class: say so on the plot
+            ax.annotate("degenerate:\none class", (i, float(np.min(seeds)) if len(seeds) else 0.0),
+                        textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7, color="C3")
         ax.scatter(np.full(len(seeds), i) + np.linspace(-0.12, 0.12, len(seeds)), seeds, s=14, alpha=0.6, color="C0")
         if summary.glue[v] is not None:
             ax.hlines(summary.glue[v], i - 0.3, i + 0.3, color="C0", lw=2, label="median (ours)" if i == 0 else None)
