@@ -365,6 +365,11 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert pretrained/final>": BERT_DIR,
                                                     "<electra pretrained/final>": PRETRAINED_DIR},
               check=check_lrprobe(random_init=False, jobs=2, experiment="ftprobe")),
+    ("python -m electra_ablate.pretrain model=tiny objective=bert data=wiki data.max_docs=40000 "
+     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=2e-3 optim.warmup_steps=60 "
+     "trainer.max_steps=1500 model.layer_norm=pre model.hidden_dropout_prob=0 model.attention_probs_dropout_prob=0 "
+     "runtime.num_workers=0 logger.experiment=pilots"):
+        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
     # docs/dashboard.md
     "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
         Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),
