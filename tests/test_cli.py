@@ -108,11 +108,13 @@ def test_what_counts_as_a_refusal():
                                             "Available options in 'objective': bert, electra")
 
 
+@pytest.mark.slow
 def test_the_stack_is_kept_with_hydra_full_error(tmp_path):
     done = cli(tmp_path, "finetune", "task=sst2", "pretrained=/nonexistent/dir", HYDRA_FULL_ERROR="1")
     assert done.returncode == 1 and "Traceback" in done.stderr and "FinetuneError: pretrained=" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_multirun_leaves_a_failed_job_to_hydra(tmp_path):
     # A multirun's jobs fail as Hydra's launchers expect (the sweep's keep_going and FAILED records rely on
     # it): the launcher runs the batch, then reports the first failure with its overrides.
@@ -124,7 +126,8 @@ def test_a_multirun_leaves_a_failed_job_to_hydra(tmp_path):
 # --- help ------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["pretrain", "finetune", "sweep", "report"])
+@pytest.mark.parametrize("module", ["pretrain", *(pytest.param(m, marks=pytest.mark.slow)
+                                                   for m in ("finetune", "sweep", "report"))])
 def test_help_says_what_the_command_does(tmp_path, module):
     done = cli(tmp_path, module, "--help")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -150,6 +153,7 @@ def test_argparse_help_has_an_example(module, capsys):
 # --- small things ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_sweep_given_by_path_runs_in_one_folder_named_after_its_file(tmp_path):
     (tmp_path / "sweeps").mkdir()
     path = tmp_path / "sweeps" / "mine.yaml"
