@@ -14,3 +14,14 @@ if not OmegaConf.has_resolver("cwd"):
 # outputs, the MLflow store and the caches do not depend on the directory a command is started from.
 if not OmegaConf.has_resolver("electra_ablate_root"):
     OmegaConf.register_new_resolver("electra_ablate_root", lambda: str(Path(__file__).resolve().parent.parent))
+
+# `${variant_name:${objective._target_}}`: a variant's name read off its class (common/variants.py), so no
+# config file of a variant group repeats its own name.
+if not OmegaConf.has_resolver("variant_name"):
+
+    def _variant_name(target: str) -> str:
+        from electra_ablate.common.variants import variant_name
+
+        return variant_name(target)
+
+    OmegaConf.register_new_resolver("variant_name", _variant_name)

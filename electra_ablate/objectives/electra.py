@@ -11,11 +11,14 @@ weights by default, or a learned lambda.
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig
 
 from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.common.values import is_number
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import Heads
-from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, ratio, rtd_loss
+from electra_ablate.objectives.base import (Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, need, ratio,
+                                           rtd_loss)
 from electra_ablate.weighting.base import LossWeighting
 from electra_ablate.weighting.fixed import FixedWeights
 
@@ -26,6 +29,16 @@ class Electra(GeneratorObjective):
     model_heads = {"disc_head": True}
     flops = Heads("disc", 1.0, generator=True)
     weighted = True
+    detects_replacements = True
+
+    @classmethod
+    def config_problems(cls, cfg: DictConfig) -> list[str]:
+        out = super().config_problems(cfg)
+        if "disc_weight" in cfg.objective:
+            w = cfg.objective.disc_weight
+            need(out, is_number(w) and w >= 0, "objective.disc_weight", w, "must be a finite number >= 0 (the paper: "
+                 "gen_weight 1, disc_weight 50); to learn lambda add weighting=learned")
+        return out
 
     def __init__(
         self,

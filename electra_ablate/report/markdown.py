@@ -17,7 +17,7 @@ import numpy as np
 from electra_ablate.report import arms, expected_max, verdicts
 from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData, is_missing
-from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
+from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
 from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
 
@@ -85,7 +85,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         rows = []
         for v in spec.variants:
             row_paper, _ = paper_row(spec, v.label, paper)
-            cells = [_variant_name(v.label, row_paper)]
+            cells = [_variant_name(v, row_paper)]
             for t in tasks:
                 m = summary.medians.loc[v.label, t]
                 cells.append(fmt(m) + (f" ({row_paper[t]:.1f})" if row_paper and t in row_paper else ""))
@@ -177,8 +177,10 @@ def ranking(values: Mapping[str, float], digits: int = 1) -> str:
     return " > ".join(" = ".join(g) for g in groups.values())
 
 
-def _variant_name(label: str, row: Mapping | None) -> str:
-    return f"{label} ({row['label']})" if row and row.get("label") and row["label"] != label else label
+def _variant_name(variant, row: Mapping | None) -> str:
+    """The label, and what the variant's classes call themselves (else the paper row's label), e.g. electra (ELECTRA)."""
+    shown = display_name(variant) or (row or {}).get("label")
+    return f"{variant.label} ({shown})" if shown and shown != variant.label else variant.label
 
 
 def _spread_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]]) -> list[str]:
