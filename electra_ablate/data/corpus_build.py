@@ -20,7 +20,6 @@ import logging
 import multiprocessing
 import os
 import random
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,19 +29,11 @@ import numpy as np
 from electra_ablate.common.io import atomic_dir, write_text
 from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.data import wordpiece_shards as W
-from electra_ablate.data.cache import (
-    FORMAT_VERSION,
-    META_NAME,
-    VOCAB_NAME,
-    _ROWS_PER_FLUSH,
-    PretrainCache,
-    _hash,
-    _write_npy_from_raw,
-    load_cache,
-)
+from electra_ablate.data.cache import FORMAT_VERSION, META_NAME, PretrainCache, _hash, finish_entry, load_cache
 from electra_ablate.data.corpus_files import TextFiles, _fix_paths, file_sha256
 from electra_ablate.data.errors import DataError
-from electra_ablate.data.examples import Example, ExampleBuilder
+from electra_ablate.data.example_writer import ExampleWriter
+from electra_ablate.data.examples import ExampleBuilder
 from electra_ablate.data.hf_corpus import HFDataset
 from electra_ablate.data.tokenizer import load_tokenizer, read_vocab
 
@@ -85,52 +76,6 @@ def shards(lines: Iterator[str], shard_chars: int) -> Iterator[list[str]]:
 
 # ---------------------------------------------------------------------------------------------------------
 # The build
-
-
-class _ExampleWriter:
-    """Appends examples to headerless arrays on disk in blocks, then writes the .npy files of a cache entry."""
-
-    def __init__(self, directory: Path, max_length: int, dtype: np.dtype, pad: int):
-        self.directory, self.max_length, self.dtype, self.pad = directory, max_length, dtype, pad
-        n = _ROWS_PER_FLUSH
-        self.ids = np.full((n, max_length), pad, dtype=dtype)
-        self.meta = np.zeros((3, n), dtype=np.int32)  # lengths, segment_a_end, target_lengths
-        self.fill = self.rows = 0
-        self.files = {name: open(directory / f"{name}.raw", "wb")
-                      for name in ("input_ids", "lengths", "segment_a_end", "target_lengths")}
-
-    def add(self, example: Example | None) -> None:
-        if example is None:
-            return
-        n = len(example.input_ids)
-        self.ids[self.fill, :n] = example.input_ids
-        self.meta[:, self.fill] = (n, example.segment_a_end, example.target_length)
-        self.fill += 1
-        if self.fill == len(self.ids):
-            self._flush()
-
-    def _flush(self) -> None:
-        self.files["input_ids"].write(self.ids[: self.fill].tobytes())
-        for i, name in enumerate(("lengths", "segment_a_end", "target_lengths")):
-            self.files[name].write(self.meta[i, : self.fill].tobytes())
-        self.rows += self.fill
-        self.ids.fill(self.pad)
-        self.fill = 0
-
-    def close(self) -> int:
-        self._flush()
-        for f in self.files.values():
-            f.close()
-        _write_npy_from_raw(self.directory / "input_ids.raw", self.directory / "input_ids.npy", self.dtype,
-                              (self.rows, self.max_length))
-        for name in ("lengths", "segment_a_end", "target_lengths"):
-            _write_npy_from_raw(self.directory / f"{name}.raw", self.directory / f"{name}.npy",
-                                  np.dtype(np.int32), (self.rows,))
-        return self.rows
-
-    def abort(self) -> None:
-        for f in self.files.values():
-            f.close()
 
 
 def _worker_count(requested: int) -> int:
@@ -276,7 +221,7 @@ def build_or_load_corpus(
 
     started = time.perf_counter()
     with atomic_dir(target, replace=False) as tmp:
-        writer = _ExampleWriter(tmp, max_seq_length, dtype, special.pad)
+        writer = ExampleWriter(tmp, max_seq_length, dtype, special.pad)
         pool = None
         try:
             if workers > 1:
@@ -316,13 +261,10 @@ def build_or_load_corpus(
         if num_examples == 0:
             raise DataError(f"The corpus {source.describe()} holds no text that tokenizes to word pieces. "
                             f"{_fix_paths()}")
-        np.save(tmp / "token_counts.npy", counts)
-        shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
         seconds = time.perf_counter() - started
-        meta = {
+        finish_entry(tmp, counts, vocab_file, {
             **inputs,
             "corpus": source.describe(),
-            "vocab_file": str(vocab_file.resolve()),
             "vocab_size": vocab_size,
             "special": special._asdict(),
             "dtype": dtype.name,
@@ -332,8 +274,7 @@ def build_or_load_corpus(
             "num_shards": progress.shards,
             "build_workers": workers,
             "build_seconds": round(seconds, 3),
-        }
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        })
     progress.report()
     log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
              num_tokens / 1e6, seconds, num_tokens / max(seconds, 1e-9), target)

@@ -279,24 +279,10 @@ class GeneratorObjective(Objective):
                  "must be a finite number >= 0 (the paper: gen_weight 1, disc_weight 50)")
         return out
 
-    def __init__(
-        self,
-        name: str,
-        special: SpecialIds,
-        vocab_size: int,
-        mask_prob: float = 0.15,
-        mask_token_prob: float = 0.85,
-        random_token_prob: float = 0.0,
-        sampler: str = "gumbel",
-        temperature: float = 1.0,
-        gen_weight: float = 1.0,
-        *,
-        max_predictions_per_seq: int | None = None,
-        position_sampling: str = "without_replacement",
-        disallow_correct: bool = False,
-    ):
-        super().__init__(name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler,
-                         max_predictions_per_seq=max_predictions_per_seq, position_sampling=position_sampling)
+    def __init__(self, *masking, temperature: float = 1.0, gen_weight: float = 1.0, disallow_correct: bool = False,
+                 **masking_by_name):
+        # The masking arguments (name, special, vocab_size, mask_prob, ...) are Objective's, defined there once.
+        super().__init__(*masking, **masking_by_name)
         assert temperature > 0, f"temperature={temperature} must be > 0"
         self.temperature = temperature
         self.gen_weight = gen_weight
