@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import mlflow
@@ -190,11 +190,34 @@ def _drop_new_key_defaults(container: dict) -> dict:
     return container
 
 
-def identity(cfg: DictConfig) -> dict:
-    """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
+# The data group names its files inside the data folder, not where that folder is: a value under
+# `paths.data_dir` is hashed as DATA_DIR_SPELLING + its path inside the folder, so moving or mounting the data
+# elsewhere keeps every identity. What the files hold is recorded on each run (data.vocab_sha256,
+# data.examples_sha256) and compared by the report. Runs recorded before this hashed the absolute path:
+# `identity_hashes` adds that legacy hash, so they are still found where the data has not moved.
+DATA_DIR_SPELLING = "${paths.data_dir}"
+
+
+def _data_dir_relative(node, data_dir: str):
+    if isinstance(node, dict):
+        return {k: _data_dir_relative(v, data_dir) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_data_dir_relative(v, data_dir) for v in node]
+    if isinstance(node, str) and (node == data_dir or node.startswith(data_dir + "/")):
+        inside = node[len(data_dir):].lstrip("/")  # a data_dir given with a trailing / makes a double //
+        return f"{DATA_DIR_SPELLING}/{inside}" if inside else DATA_DIR_SPELLING
+    return node
+
+
+def identity(cfg: DictConfig, legacy_data_paths: bool = False) -> dict:
+    """The resolved config minus speed/bookkeeping settings: what makes two runs the same run.
+    `legacy_data_paths`: the data group's absolute paths, as identities were before DATA_DIR_SPELLING."""
     container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
     container = _drop_new_key_defaults(_legacy_weighting(_legacy_targets(container)))
     assert isinstance(container, dict)
+    data_dir = str((container.get("paths") or {}).get("data_dir") or "").rstrip("/")
+    if data_dir and not legacy_data_paths and isinstance(container.get("data"), dict):
+        container["data"] = _data_dir_relative(container["data"], data_dir)
     out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
     if isinstance(out.get("trainer"), dict):
         out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in TRAINER_IDENTITY_EXCLUDE}
@@ -206,17 +229,33 @@ def config_hash(cfg: DictConfig | Mapping) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def find_finished_run(client: MlflowClient, experiment: str, cfg_hash: str):
-    """The newest FINISHED run with this config hash, or None."""
+def identity_hashes(cfg: DictConfig) -> list[str]:
+    """The config hash of `cfg`, then the hash runs recorded before data paths left the identity (when it
+    differs): a lookup that tries both finds the runs of either."""
+    legacy = hashlib.sha256(json.dumps(identity(cfg, legacy_data_paths=True), sort_keys=True,
+                                       default=str).encode()).hexdigest()[:16]
+    current = config_hash(cfg)
+    return [current] if legacy == current else [current, legacy]
+
+
+def _search_hashes(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str], also: str = "",
+                   max_results: int = 1000) -> list:
+    """Runs tagged with any of the hashes (newest first); `also`: a filter every run must pass too. One search
+    per hash: MLflow's filter has no IN for tags."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return None
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+        return []
+    runs = {}
+    for h in [cfg_hash] if isinstance(cfg_hash, str) else cfg_hash:
+        for r in client.search_runs([exp.experiment_id], filter_string=f"tags.{TAG_CONFIG_HASH} = '{h}'{also}",
+                                    order_by=["attributes.start_time DESC"], max_results=max_results):
+            runs[r.info.run_id] = r
+    return sorted(runs.values(), key=lambda r: r.info.start_time or 0, reverse=True)[:max_results]
+
+
+def find_finished_run(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str]):
+    """The newest FINISHED run with this config hash (or any of these: `identity_hashes`), or None."""
+    runs = _search_hashes(client, experiment, cfg_hash, " and attributes.status = 'FINISHED'", max_results=1)
     return runs[0] if runs else None
 
 
@@ -343,13 +382,9 @@ def end_status(error: BaseException) -> tuple[str, str]:
     return "FAILED", f"{type(error).__name__}: {error}"
 
 
-def runs_of_identity(client: MlflowClient, experiment: str, cfg_hash: str) -> list:
-    """Every run with this config hash, newest first."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}'",
-                              order_by=["attributes.start_time DESC"], max_results=1000)
+def runs_of_identity(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str]) -> list:
+    """Every run with this config hash (or any of these: `identity_hashes`), newest first."""
+    return _search_hashes(client, experiment, cfg_hash)
 
 
 def retire_stale(client: MlflowClient, runs, keep: str | None) -> list[str]:
