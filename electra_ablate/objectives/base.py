@@ -234,6 +234,8 @@ class Objective(nn.Module):
         self.mask_prob = mask_prob
         self.mask_token_prob = mask_token_prob
         self.random_token_prob = random_token_prob
+        # gumbel, the reference's, when built by hand; a run passes runtime.sampler (inverse_cdf by default:
+        # the same distribution from fewer random numbers), which is a speed setting outside the identity.
         self.sampler = sampler
         self.max_predictions_per_seq = max_predictions_per_seq
         self.position_sampling = position_sampling
