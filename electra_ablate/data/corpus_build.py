@@ -195,33 +195,65 @@ def build_or_load_corpus(
     _remove_stale_temporaries(shard_dir)
     tokenizer = load_tokenizer(vocab_file, lowercase)
     special = SpecialIds.from_vocab(tokens)
-    vocab_size = len(tokens)
-    dtype = np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
-    builder = ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep, random.Random(build_seed))
-    counts = np.zeros(vocab_size, dtype=np.int64)
+    dtype = np.dtype(np.uint16 if len(tokens) <= np.iinfo(np.uint16).max + 1 else np.int32)
     workers = _worker_count(workers)
-    progress = _Progress(source)
-    num_docs = num_tokens = 0
     log.info("building the pre-training examples of %s with %d tokenizer process(es) into %s", source.describe(),
              workers, target)
-
-    def assemble(index: int, tokenized_now: bool) -> None:
-        nonlocal num_docs, num_tokens
-        ids, line_lengths = W.read_shard(W.shard_path(shard_dir, index))
-        counts[:] += np.bincount(ids, minlength=vocab_size)
-        num_tokens += len(ids)
-        num_docs += int((line_lengths == 0).sum())
-        ends = np.cumsum(line_lengths).tolist()
-        start = 0
-        for end in ends:
-            writer.add(builder.add_line(ids[start:end].tolist()))
-            start = end
-        progress.shard(len(ids), read_back=not tokenized_now)
-        _on_shard_done(index)
-
     started = time.perf_counter()
     with atomic_dir(target, replace=False) as tmp:
-        writer = ExampleWriter(tmp, max_seq_length, dtype, special.pad)
+        build = _Assembly(tmp, shard_dir, source, special, len(tokens), dtype,
+                          ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep,
+                                         random.Random(build_seed)), max_seq_length)
+        num_examples = build.run(shards(stream_lines(source, max_docs), shard_chars), tokenizer, workers)
+        if num_examples == 0:
+            raise DataError(f"The corpus {source.describe()} holds no text that tokenizes to word pieces. "
+                            f"{_fix_paths()}")
+        seconds = time.perf_counter() - started
+        finish_entry(tmp, build.counts, vocab_file, {
+            **inputs,
+            "corpus": source.describe(),
+            "vocab_size": len(tokens),
+            "special": special._asdict(),
+            "dtype": dtype.name,
+            "num_examples": num_examples,
+            "num_docs": build.num_docs,
+            "num_tokens": build.num_tokens,
+            "num_shards": build.progress.shards,
+            "build_workers": workers,
+            "build_seconds": round(seconds, 3),
+        })
+    build.progress.report()
+    log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
+             build.num_tokens / 1e6, seconds, build.num_tokens / max(seconds, 1e-9), target)
+    return load_cache(target)
+
+
+class _Assembly:
+    """Tokenizes the corpus's shards (in worker processes, or read back from an earlier build) and feeds them,
+    in corpus order, to the example builder and the entry's writer, counting word pieces and documents."""
+
+    def __init__(self, directory: Path, shard_dir: Path, source: Source, special: SpecialIds, vocab_size: int,
+                 dtype: np.dtype, builder: ExampleBuilder, max_seq_length: int):
+        self.shard_dir, self.dtype, self.builder, self.vocab_size = shard_dir, dtype, builder, vocab_size
+        self.writer = ExampleWriter(directory, max_seq_length, dtype, special.pad)
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+        self.progress = _Progress(source)
+        self.num_docs = self.num_tokens = 0
+
+    def assemble(self, index: int, tokenized_now: bool) -> None:
+        ids, line_lengths = W.read_shard(W.shard_path(self.shard_dir, index))
+        self.counts[:] += np.bincount(ids, minlength=self.vocab_size)
+        self.num_tokens += len(ids)
+        self.num_docs += int((line_lengths == 0).sum())
+        start = 0
+        for end in np.cumsum(line_lengths).tolist():
+            self.writer.add(self.builder.add_line(ids[start:end].tolist()))
+            start = end
+        self.progress.shard(len(ids), read_back=not tokenized_now)
+        _on_shard_done(index)
+
+    def run(self, corpus_shards: Iterator[list[str]], tokenizer, workers: int) -> int:
+        """Every shard, in order, through the builder; returns the number of examples written."""
         pool = None
         try:
             if workers > 1:
@@ -235,50 +267,29 @@ def build_or_load_corpus(
                     index, result = pending.popleft()
                     if result is not None:
                         result.get()
-                    assemble(index, tokenized_now=result is not None)
+                    self.assemble(index, tokenized_now=result is not None)
 
-            for index, lines in enumerate(shards(stream_lines(source, max_docs), shard_chars)):
-                if W.shard_path(shard_dir, index).is_file():
+            for index, lines in enumerate(corpus_shards):
+                if W.shard_path(self.shard_dir, index).is_file():
                     pending.append((index, None))
                 elif pool is None:
-                    W.tokenize_shard(index, lines, str(shard_dir), dtype.name, tokenizer)
+                    W.tokenize_shard(index, lines, str(self.shard_dir), self.dtype.name, tokenizer)
                     pending.append((index, _Done()))
                 else:
-                    pending.append((index, pool.apply_async(W.tokenize_shard, (index, lines, str(shard_dir),
-                                                                                dtype.name))))
+                    pending.append((index, pool.apply_async(W.tokenize_shard, (index, lines, str(self.shard_dir),
+                                                                                self.dtype.name))))
                 del lines
                 drain(limit - 1)
             drain(0)
-            writer.add(builder.flush())
-            num_examples = writer.close()
+            self.writer.add(self.builder.flush())
+            return self.writer.close()
         except BaseException:
-            writer.abort()
+            self.writer.abort()
             raise
         finally:
             if pool is not None:
                 pool.terminate()
                 pool.join()
-        if num_examples == 0:
-            raise DataError(f"The corpus {source.describe()} holds no text that tokenizes to word pieces. "
-                            f"{_fix_paths()}")
-        seconds = time.perf_counter() - started
-        finish_entry(tmp, counts, vocab_file, {
-            **inputs,
-            "corpus": source.describe(),
-            "vocab_size": vocab_size,
-            "special": special._asdict(),
-            "dtype": dtype.name,
-            "num_examples": num_examples,
-            "num_docs": num_docs,
-            "num_tokens": num_tokens,
-            "num_shards": progress.shards,
-            "build_workers": workers,
-            "build_seconds": round(seconds, 3),
-        })
-    progress.report()
-    log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
-             num_tokens / 1e6, seconds, num_tokens / max(seconds, 1e-9), target)
-    return load_cache(target)
 
 
 class _Done:
