@@ -20,3 +20,14 @@ if not OmegaConf.has_resolver("electra_ablate_root"):
 if not OmegaConf.has_resolver("sweep_name"):
     OmegaConf.register_new_resolver(
         "sweep_name", lambda sweep: Path(str(sweep)).name.removesuffix(".yaml").removesuffix(".yml"))
+
+# `${variant_name:${objective._target_}}`: a variant's name read off its class (common/variants.py), so no
+# config file of a variant group repeats its own name.
+if not OmegaConf.has_resolver("variant_name"):
+
+    def _variant_name(target: str) -> str:
+        from electra_ablate.common.variants import variant_name
+
+        return variant_name(target)
+
+    OmegaConf.register_new_resolver("variant_name", _variant_name)

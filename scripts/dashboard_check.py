@@ -35,51 +35,22 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
 from mlflow.tracking import MlflowClient
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from electra_ablate.tracking import runs as tracking  # noqa: E402
 
-MINI = """
-name: dashboard
-description: "Miniature sweep for the dashboard check"
-paper: table5_efficiency
-baseline: electra
-tasks: [rte]
-seeds: [0, 1]
-pretrain_seeds: [0]
-pretrain:
-  model: tiny
-  model.hidden_size: 32
-  model.embedding_size: 32
-  model.num_hidden_layers: 1
-  model.num_attention_heads: 1
-  model.intermediate_size: 64
-  data.max_seq_length: 64
-  data.batch_size: 8
-  data.max_docs: 400
-  data.train_vocab_size: 2000
-  trainer.max_steps: 4
-  optim.warmup_steps: 1
-  runtime.num_workers: 0
-  trainer.enable_progress_bar: false
-finetune:
-  glue_data.max_seq_length: 32
-  glue_data.max_train_examples: 32
-  glue_data.max_eval_examples: 32
-  task.epochs: 1
-  runtime.num_workers: 0
-  trainer.enable_progress_bar: false
-variants:
-  electra: {objective: electra}
-  bert: {objective: bert}
-"""
+# The tests' miniature sweep, at one pre-training seed.
+MINI = REPO / "tests" / "fixtures" / "mini_sweep.yaml"
 
 
 def run_mini_sweep(workdir: Path, data_dir: Path) -> str:
     sweep_file = workdir / "dashboard.yaml"
-    sweep_file.write_text(MINI)
+    spec = yaml.safe_load(MINI.read_text())
+    spec.update(name="dashboard", description="Miniature sweep for the dashboard check", pretrain_seeds=[0])
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["PYTHONPATH"] = str(REPO)
     cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={sweep_file}", f"paths.root_dir={workdir}",

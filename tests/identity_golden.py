@@ -19,6 +19,9 @@ from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"
+# The pre-training identities as recorded before the data group's paths were hashed relative to the data folder
+# (tracking.DATA_DIR_SPELLING): `tracking.identity_hashes` must still produce them, so those runs are found.
+LEGACY_DATA_PATHS = Path(__file__).resolve().parent / "fixtures" / "identities_absolute_data_paths.json"
 PATHS = {"root_dir": "/golden", "data_dir": "/golden/data", "output_root": "/golden/out", "cache_dir": "/golden/cache"}
 FAKE_RUN = "0" * 32
 
@@ -28,7 +31,8 @@ def scales_of(path: Path) -> list[str | None]:
     return sorted(raw.get("scales") or {}) or [None]
 
 
-def current_identities(tmp: Path) -> dict[str, str]:
+def current_identities(tmp: Path, legacy: dict[str, str] | None = None) -> dict[str, str]:
+    """Every shipped job's config hash; `legacy` (when given) gets each pre-training job's legacy hash."""
     out: dict[str, str] = {}
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
         for scale in scales_of(path):
@@ -38,7 +42,10 @@ def current_identities(tmp: Path) -> dict[str, str]:
                 ctx.write_pretrain_configs()
                 for v in ctx.spec.pretrained_variants:
                     cfg = ctx.compose_pretrain(PretrainJob(v.label, ctx.spec.pretrain_seeds[0]))
-                    out[f"{path.stem}/{scale}/{v.label}/pretrain"] = tracking.config_hash(cfg)
+                    hashes = tracking.identity_hashes(cfg)
+                    out[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes[0]
+                    if legacy is not None:
+                        legacy[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes[-1]
                 for v in ctx.spec.variants:
                     ckpt = (Checkpoint(v.label, None, None, None, True, None) if v.pretrained
                             else Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,

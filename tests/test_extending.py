@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from electra_ablate.common.cli import CONF_DIR
+from electra_ablate.common.variants import option_class, options
 from electra_ablate.models import flops
 from electra_ablate.training import checks
 from electra_ablate.training.pretraining import train
@@ -55,6 +57,37 @@ def test_a_toy_sharing_mode_ties_what_it_says_and_pretrains(tmp_path, pretrain_c
     bad = pretrain_cfg(tmp_path, SEARCHPATH, "sharing=positions", "algorithm=two_stage", "generator.hidden_size=1.0")
     with pytest.raises(checks.ConfigError, match="sharing=positions would undo"):
         checks.validate(bad)
+
+
+# Every option of every variant group, found in conf/ (a new variant is checked here without editing this file).
+GROUPS = ("objective", "sharing", "generator", "algorithm", "weighting")
+OPTIONS = [(group, option) for group in GROUPS for option in options(CONF_DIR, group)]
+
+
+@pytest.mark.parametrize("group, option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_variant_describes_itself(tmp_path, pretrain_cfg, group, option):
+    """Its class says how the report shows it, and its name is its file's (no YAML repeats it)."""
+    cls = option_class(CONF_DIR, group, option)
+    assert cls is not None and cls.display_name and cls.paper, f"{group}={option}: display_name and paper"
+    assert "name:" not in (CONF_DIR / group / f"{option}.yaml").read_text().replace("display_name:", "")
+    cfg = pretrain_cfg(tmp_path, f"{group}={option}")
+    if "name" in cfg[group]:
+        assert cfg[group].name == option
+    try:
+        checks.validate(cfg)
+    except checks.ConfigError as e:  # a combination the defaults rule out must say which key to change
+        assert "=" in str(e)
+
+
+def test_a_toy_variant_is_named_after_its_file_and_labelled_by_its_class(tmp_path, pretrain_cfg):
+    from electra_ablate.report.markdown import _variant_name
+    from electra_ablate.sweep.spec import Variant
+
+    cfg = pretrain_cfg(tmp_path, SEARCHPATH, "objective=shuffled", "sharing=positions")
+    assert (cfg.objective.name, cfg.sharing.name) == ("shuffled", "positions")
+    assert cfg.run_name.startswith("shuffled-positions-")
+    electra = Variant("electra", {"objective": "electra", "sharing": "embeddings"}, {})
+    assert _variant_name(electra, None) == "electra (ELECTRA, shared embeddings)"
 
 
 def run_config(cfg):

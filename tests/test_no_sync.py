@@ -14,16 +14,13 @@ import torch
 
 from electra_ablate.algorithms.adversarial import Adversarial
 from electra_ablate.common import syncs
-from electra_ablate.generators.fixed import UniformGenerator, UnigramGenerator
+from electra_ablate.common.variants import option_class, options
 from electra_ablate.generators.neural import NeuralGenerator
-from electra_ablate.objectives.all_tokens_mlm import AllTokensMLM
 from electra_ablate.objectives.base import Batch
-from electra_ablate.objectives.bert import Bert
 from electra_ablate.objectives.electra import Electra
-from electra_ablate.objectives.electra_15 import Electra15
-from electra_ablate.objectives.replace_mlm import ReplaceMLM
 from electra_ablate.training.auc import BinnedAUC
 from electra_ablate.weighting.learned import LearnedWeights
+from electra_ablate.common.cli import CONF_DIR
 from tests.test_objectives import SPECIAL, V, make_batch, nets_for
 
 
@@ -50,9 +47,9 @@ def step(objective, nets, batch: Batch, auc: BinnedAUC) -> None:
     return out, sums
 
 
-OBJECTIVES = {"bert": Bert, "electra": Electra, "electra_15": Electra15, "replace_mlm": ReplaceMLM,
-              "all_tokens_mlm": AllTokensMLM}
-GENERATORS = {"neural": NeuralGenerator, "uniform": UniformGenerator, "unigram": UnigramGenerator}
+# Every option of conf/objective and conf/generator: a new variant is covered without editing this file.
+OBJECTIVES = {o: option_class(CONF_DIR, "objective", o) for o in options(CONF_DIR, "objective")}
+GENERATORS = {g: option_class(CONF_DIR, "generator", g) for g in options(CONF_DIR, "generator")}
 CASES = [(o, g, s) for o in OBJECTIVES for g in (GENERATORS if OBJECTIVES[o].needs_generator else ["none"])
          for s in ("without_replacement", "reference")]
 

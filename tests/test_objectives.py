@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from electra_ablate.common.variants import option_class, options
 from electra_ablate.generators.fixed import UniformGenerator, UnigramGenerator
 from electra_ablate.generators.neural import NeuralGenerator
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks
@@ -20,6 +21,7 @@ from electra_ablate.objectives.bert import Bert
 from electra_ablate.objectives.electra import Electra
 from electra_ablate.objectives.electra_15 import Electra15
 from electra_ablate.objectives.replace_mlm import ReplaceMLM
+from electra_ablate.common.cli import CONF_DIR
 
 SPECIAL = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 V = 50
@@ -27,7 +29,8 @@ CFG = EncoderConfig(vocab_size=V, embedding_size=16, hidden_size=32, num_hidden_
                     intermediate_size=64, max_position_embeddings=32)
 
 
-SHARING = {"none": NoSharing, "embeddings": EmbeddingSharing, "all": AllSharing}
+# Every option of conf/sharing: a new sharing mode is tied in these tests without editing this file.
+SHARING = {o: option_class(CONF_DIR, "sharing", o) for o in options(CONF_DIR, "sharing")}
 
 
 def make_batch(B: int = 8, T: int = 24, seed: int = 0) -> Batch:
@@ -271,3 +274,15 @@ def test_generator_size_follows_the_reference_rule():
     g = base.scaled(1 / 3)
     assert (g.hidden_size, g.num_attention_heads, g.intermediate_size, g.num_hidden_layers) == (256, 4, 1024, 12)
     assert base.scaled(0.25, 0.5).num_hidden_layers == 6
+
+
+@pytest.mark.parametrize("sharing", sorted(SHARING))
+def test_every_sharing_mode_ties_generator_and_discriminator_and_trains(sharing):
+    """Each option of conf/sharing (found, not listed): tied at equal sizes, one step back-propagates into the
+    discriminator's word embeddings (directly, or through the generator's they are tied to)."""
+    torch.manual_seed(0)
+    obj = electra()
+    nets = nets_for(obj, sharing=sharing, fraction=1.0)
+    obj(make_batch(), nets).loss.backward()
+    grads = [p.grad for p in nets.model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

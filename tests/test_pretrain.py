@@ -12,9 +12,11 @@ from hydra.errors import ConfigCompositionException
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
+from electra_ablate.common.variants import option_class, options
 from electra_ablate.models.checkpoint import load_pretrained
 from electra_ablate.training.system import TrainingError
 from electra_ablate.training import checks
+from electra_ablate.common.cli import CONF_DIR
 
 
 
@@ -28,8 +30,9 @@ def losses(tmp: Path, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
 
 
-@pytest.mark.parametrize("objective", ["bert", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"])
+@pytest.mark.parametrize("objective", options(CONF_DIR, "objective"))  # every option: a new one is tested here
 def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objective):
+    cls = option_class(CONF_DIR, "objective", objective)
     cfg = pretrain_cfg(tmp_path, f"objective={objective}", "trainer.max_steps=100",
                       "logger.log_every_n_steps=25")
     run_id = pretrain.train(cfg)
@@ -43,7 +46,7 @@ def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objecti
     assert run.data.tags["objective"] == objective and run.data.tags["kind"] == "pretrain"
     expected = {"train/loss", "train/mlm_loss", "train/masked_lm_accuracy", "train/tokens_per_s", "train/lr",
                 "train/flops", "flops/total"}
-    if objective in ("electra", "electra_15"):
+    if cls.detects_replacements:
         expected |= {"train/disc_loss", "train/disc_accuracy", "train/disc_precision", "train/disc_recall",
                      "train/disc_auc", "train/replaced_fraction", "train/sampled_masked_lm_accuracy"}
     assert expected <= set(run.data.metrics), expected - set(run.data.metrics)
@@ -52,7 +55,7 @@ def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objecti
     # The fine-tunable network is saved where the tag says, with its heads and vocabulary.
     net, info = load_pretrained(run.data.tags["checkpoint_path"])
     assert info["objective"] == objective and info["step"] == 100
-    assert net.has_disc_head == (objective in ("electra", "electra_15", "all_tokens_mlm"))
+    assert net.has_disc_head == cls.model_heads.get("disc_head", False)
     assert (Path(run.data.tags["checkpoint_path"]) / "vocab.txt").is_file()
 
 

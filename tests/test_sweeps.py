@@ -342,46 +342,22 @@ def test_stopping_the_runner_stops_its_multirun(tmp_path):
 
 # --- end to end ---------------------------------------------------------------------------------------------
 
-MINI = """
-name: {name}
-description: "miniature sweep (tests)"
-paper: table5_efficiency
-baseline: electra
-tasks: [rte]
-seeds: {seeds}
-pretrain_seeds: [0, 1]
-pretrain:                         # data settings as conftest.TINY_PRETRAIN: the session's token cache serves
-  model: tiny
-  model.hidden_size: 32
-  model.embedding_size: 32
-  model.num_hidden_layers: 1
-  model.num_attention_heads: 1
-  model.intermediate_size: 64
-  model.generator_fraction: 0.5
-  data.max_seq_length: 64
-  data.batch_size: 8
-  data.max_docs: 400
-  data.train_vocab_size: 2000
-  trainer.max_steps: 4
-  optim.warmup_steps: 1
-  runtime.num_workers: 0
-  trainer.enable_progress_bar: false
-finetune:
-  glue_data.max_seq_length: 32
-  glue_data.max_train_examples: 32
-  glue_data.max_eval_examples: 32
-  task.epochs: 1
-  runtime.num_workers: 0
-  trainer.enable_progress_bar: false
-variants:
-  electra: {{objective: electra}}
-  bert: {{objective: bert}}
-{extra}
-"""
+MINI = REPO / "tests" / "fixtures" / "mini_sweep.yaml"
+
+
+def write_mini(path: Path, variants: dict | None = None, **settings) -> Path:
+    """tests/fixtures/mini_sweep.yaml with top-level `settings` replaced and `variants` added, written to `path`."""
+    spec = yaml.safe_load(MINI.read_text())
+    spec.update(settings)
+    spec["variants"].update(variants or {})
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
 # A variant whose every job fails inside training, after its MLflow run started: a NaN loss weight makes the
 # loss diverge at the first step.
 # Passes every check before launch (a NaN loss weight no longer does) and diverges at step 2: a FAILED run.
-BROKEN = "  broken: {objective: bert, optim.lr: 1.0e12, optim.warmup_steps: 0, optim.max_grad_norm: 1.0e30}"
+BROKEN = {"broken": {"objective": "bert", "optim.lr": 1.0e12, "optim.warmup_steps": 0, "optim.max_grad_norm": 1.0e30}}
 
 
 def run_cli(tmp_path: Path, data_dir: Path, cache: Path, sweep_file: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -406,7 +382,7 @@ def kinds(uri: str, experiment: str) -> dict[str, list]:
 @pytest.mark.slow
 def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
-    path.write_text(MINI.format(name="mini", seeds="[0, 1]", extra=BROKEN))
+    write_mini(path, BROKEN)
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
     out = run_cli(tmp_path, data_dir, token_cache, path).stdout
     assert "pretrain: 6 job(s) launched" in out and "finetune: 8 job(s) launched" in out
@@ -444,7 +420,7 @@ def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, 
 def test_miniature_sweep_with_the_joblib_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
     # With a no-pre-training arm: random encoders shaped like each electra run (one group per pre-training seed).
-    path.write_text(MINI.format(name="minijob", seeds="[0]", extra="  none: {random_init_of: electra}"))
+    write_mini(path, {"none": {"random_init_of": "electra"}}, name="minijob", seeds=[0])
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
     out = run_cli(tmp_path, data_dir, token_cache, path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2").stdout
     assert "pretrain: 4 job(s) launched" in out and "finetune: 6 job(s) launched" in out

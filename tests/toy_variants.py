@@ -15,6 +15,7 @@ class ShuffledTokenDetection(Objective):
     """No generator: the selected tokens of each row are shuffled among themselves, and the discriminator
     tells, at every token, whether it moved."""
 
+    option = "shuffled"  # this module holds two variants, so each names its option (tests/toy_conf/)
     display_name = "shuffled token detection"
     paper = "not in the paper (a test of extending the harness)"
     model_heads = {"disc_head": True}
@@ -38,6 +39,7 @@ class ShuffledTokenDetection(Objective):
 class PositionSharing(SharingMode):
     """Only the position embeddings are shared; the generator keeps its own token embeddings."""
 
+    option = "positions"
     display_name = "shared position embeddings"
     paper = "not in the paper (a test of extending the harness)"
 

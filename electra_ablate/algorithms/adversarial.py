@@ -71,6 +71,9 @@ def entropy(log_probs: torch.Tensor) -> torch.Tensor:
 
 
 class Adversarial(ManualSystem):
+    display_name = "adversarial training"
+    paper = "section 3.2, Figure 3 (right); Appendix F"
+
     def __init__(self, **system_args):
         super().__init__(**system_args)
         gen = self.generator

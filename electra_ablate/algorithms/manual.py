@@ -18,7 +18,6 @@ from omegaconf import DictConfig
 from pytorch_lightning.core.optimizer import LightningOptimizer
 from torch import nn
 
-from electra_ablate.objectives.electra import Electra
 from electra_ablate.optim.adam import adam_over_parameters
 from electra_ablate.optim.groups import unique_parameters
 from electra_ablate.optim.schedule import linear_warmup_decay
@@ -37,10 +36,11 @@ class ManualSystem(PretrainSystem):
     def config_problems(cls, cfg: DictConfig) -> list[str]:
         problems = super().config_problems(cfg)
         algorithm = f"algorithm={cfg.algorithm.name}"
-        if not issubclass(get_class(cfg.objective._target_), Electra):
+        if not get_class(cfg.objective._target_).detects_replacements:
             problems.append(
-                f"{algorithm} trains a discriminator on a generator's samples (paper section 3.2), so it needs "
-                f"objective=electra or objective=electra_15, not objective={cfg.objective.name}"
+                f"{algorithm} trains a discriminator on a generator's samples (paper section 3.2), so it needs an "
+                f"objective that detects replaced tokens (e.g. objective=electra or objective=electra_15), not "
+                f"objective={cfg.objective.name}"
             )
         elif get_class(cfg.weighting._target_).learned:
             problems.append(

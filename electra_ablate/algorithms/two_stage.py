@@ -47,6 +47,9 @@ class FrozenGenerator:
 
 
 class TwoStage(ManualSystem):
+    display_name = "two-stage training"
+    paper = "section 3.2, Figure 3 (right)"
+
     def __init__(self, *, switch_fraction: float = 0.5, **system_args):
         super().__init__(**system_args)
         self.switch_step = int(round(switch_fraction * self.max_steps))

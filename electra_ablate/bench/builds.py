@@ -9,7 +9,6 @@ default, the reference's without bias correction when false), parameter groups, 
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -59,11 +58,10 @@ def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None 
 def autocast(cfg: DictConfig, device: torch.device):
     """Lightning's precision for this config, as a context: fp32 (CPU default) or bf16 autocast (GPU default)."""
     precision = precision_lib.resolve(cfg.runtime.precision, device.type)  # as pre-training resolves it
-    if precision in ("32-true", "32"):
-        return contextlib.nullcontext()
-    if precision == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    raise BenchError(f"runtime.precision={precision} is not benchmarked; use 32-true or bf16-mixed")
+    try:
+        return precision_lib.autocast(precision, device.type)
+    except ValueError:
+        raise BenchError(f"runtime.precision={precision} is not benchmarked; use 32-true or bf16-mixed") from None
 
 
 # ------------------------------------------------------------------------------------------- data

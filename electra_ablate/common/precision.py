@@ -9,6 +9,7 @@ run's identity, and every run records the resolved value as the `runtime.resolve
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 from pathlib import Path
@@ -62,6 +63,27 @@ def resolve(requested: str, device_type: str, flags: frozenset[str] | None = Non
 def training_device(accelerator: str) -> str:
     """The device type Lightning will train on for `trainer.accelerator`."""
     return "cuda" if torch.cuda.is_available() and str(accelerator) in ("auto", "gpu", "cuda") else "cpu"
+
+
+def on_gpu(cfg) -> bool:
+    """Whether a run of `cfg` trains on a GPU (`trainer.accelerator` and this machine)."""
+    return training_device(cfg.trainer.accelerator) == "cuda"
+
+
+def for_config(cfg) -> str:
+    """Lightning's precision for a run of `cfg` (pre-training, fine-tuning) on this machine; the benchmark,
+    which names its device itself, resolves with `resolve(cfg.runtime.precision, device_type)`."""
+    return resolve(cfg.runtime.precision, training_device(cfg.trainer.accelerator))
+
+
+def autocast(precision: str, device_type: str):
+    """The context that runs code at Lightning's `precision` outside Lightning (a benchmark step, test-set
+    predictions): nothing for fp32, bf16 autocast for bf16-mixed; ValueError for others."""
+    if precision in ("32-true", "32"):
+        return contextlib.nullcontext()
+    if precision == BF16:
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    raise ValueError(f"runtime.precision={precision} is not supported here; use 32-true or bf16-mixed")
 
 
 def describe_cpu() -> str:

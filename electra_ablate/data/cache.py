@@ -23,7 +23,8 @@ from electra_ablate.common.io import atomic_dir
 from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
 from electra_ablate.data import wordpiece
 from electra_ablate.data.errors import DataError
-from electra_ablate.data.examples import Example, ExampleBuilder
+from electra_ablate.data.example_writer import EXAMPLE_ARRAYS, ExampleWriter
+from electra_ablate.data.examples import ExampleBuilder
 from electra_ablate.data.text import _corpus_fix, check_corpus, iter_corpus_lines
 from electra_ablate.data.tokenizer import (
     MAX_INPUT_CHARS_PER_WORD,
@@ -42,7 +43,6 @@ VOCAB_LEARNER_VERSION = 2
 VOCAB_LIMIT_ALPHABET = 1000
 VOCAB_NAME = "vocab.txt"
 META_NAME = "meta.json"
-_ROWS_PER_FLUSH = 8192
 
 
 def _sha256_file(path: Path) -> str:
@@ -173,30 +173,28 @@ def load_cache(directory: str | Path) -> PretrainCache:
 
 
 # The arrays that make the packed examples (token_counts is derived from them), hashed in this order.
-_EXAMPLE_ARRAYS = ("input_ids", "lengths", "segment_a_end", "target_lengths")
 
 
 def _examples_digest(directory: Path) -> str:
     h = hashlib.sha256()
-    for name in _EXAMPLE_ARRAYS:
+    for name in EXAMPLE_ARRAYS:
         h.update(_sha256_file(directory / f"{name}.npy").encode())
     return h.hexdigest()
 
 
 def examples_sha256(cache: PretrainCache) -> str:
-    """sha256 over the .npy files of the packed examples (each file's digest, in _EXAMPLE_ARRAYS order): equal
+    """sha256 over the .npy files of the packed examples (each file's digest, in EXAMPLE_ARRAYS order): equal
     digests mean byte-identical examples. Recorded at build time; computed for entries built before that."""
     return cache.meta.get("examples_sha256") or _examples_digest(cache.directory)
 
 
-def _write_npy_from_raw(raw: Path, out: Path, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    """An .npy file from a headerless row-major dump, copied in blocks (the row count is known only now)."""
-    with open(out, "wb") as dst, open(raw, "rb") as src:
-        np.lib.format.write_array_header_1_0(
-            dst, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-        )
-        shutil.copyfileobj(src, dst, 16 << 20)
-    raw.unlink()
+def finish_entry(directory: Path, token_counts: np.ndarray, vocab_file: Path, meta: dict) -> None:
+    """Complete a cache entry whose examples are written (example_writer.py): the token counts, a copy of the
+    vocabulary that made the ids (so the entry is self-contained), and meta.json with the examples' digest."""
+    np.save(directory / "token_counts.npy", token_counts)
+    shutil.copyfile(vocab_file, directory / VOCAB_NAME)
+    meta = {**meta, "examples_sha256": _examples_digest(directory), "vocab_file": str(Path(vocab_file).resolve())}
+    (directory / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
 def build_or_load(
@@ -231,54 +229,27 @@ def build_or_load(
     builder = ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep,
                              random.Random(build_seed))
     counts = np.zeros(vocab_size, dtype=np.int64)
-    lengths: list[int] = []
-    a_ends: list[int] = []
-    targets: list[int] = []
-    buf = np.full((_ROWS_PER_FLUSH, max_seq_length), special.pad, dtype=dtype)
-    n_buf = num_docs = num_tokens = 0
+    num_docs = num_tokens = 0
 
     with atomic_dir(target, replace=False) as tmp:
-        with open(tmp / "input_ids.raw", "wb") as raw:
-
-            def add(example: Example | None) -> None:
-                nonlocal n_buf
-                if example is None:
-                    return
-                n = len(example.input_ids)
-                buf[n_buf, :n] = example.input_ids
-                lengths.append(n)
-                a_ends.append(example.segment_a_end)
-                targets.append(example.target_length)
-                n_buf += 1
-                if n_buf == _ROWS_PER_FLUSH:
-                    raw.write(buf.tobytes())
-                    buf.fill(special.pad)
-                    n_buf = 0
-
+        writer = ExampleWriter(tmp, max_seq_length, dtype, special.pad)
+        try:
             for chunk in _encoded_chunks(tokenizer, iter_corpus_lines(corpus, max_docs)):
                 flat = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64)
                 counts += np.bincount(flat, minlength=vocab_size)
                 num_tokens += len(flat)
                 for ids in chunk:
                     num_docs += not ids
-                    add(builder.add_line(ids))
-            add(builder.flush())
-            raw.write(buf[:n_buf].tobytes())
-
-        num_examples = len(lengths)
+                    writer.add(builder.add_line(ids))
+            writer.add(builder.flush())
+            num_examples = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
         if num_examples == 0:
             raise DataError(f"Corpus {corpus} holds no text that tokenizes to word pieces. {_corpus_fix()}")
-        _write_npy_from_raw(tmp / "input_ids.raw", tmp / "input_ids.npy", dtype, (num_examples, max_seq_length))
-        np.save(tmp / "lengths.npy", np.asarray(lengths, dtype=np.int32))
-        np.save(tmp / "segment_a_end.npy", np.asarray(a_ends, dtype=np.int32))
-        np.save(tmp / "target_lengths.npy", np.asarray(targets, dtype=np.int32))
-        np.save(tmp / "token_counts.npy", counts)
-        # A copy of the vocabulary that made these ids, so the entry is self-contained.
-        shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
-        meta = {
+        finish_entry(tmp, counts, vocab_file, {
             **inputs,
-            "examples_sha256": _examples_digest(tmp),
-            "vocab_file": str(vocab_file.resolve()),
             "vocab_size": vocab_size,
             "special": special._asdict(),
             "dtype": dtype.name,
@@ -286,6 +257,5 @@ def build_or_load(
             "num_docs": num_docs,
             "num_tokens": num_tokens,
             "build_seconds": round(time.perf_counter() - started, 3),
-        }
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        })
     return load_cache(target)

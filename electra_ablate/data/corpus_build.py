@@ -20,7 +20,6 @@ import logging
 import multiprocessing
 import os
 import random
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,19 +29,11 @@ import numpy as np
 from electra_ablate.common.io import atomic_dir, write_text
 from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.data import wordpiece_shards as W
-from electra_ablate.data.cache import (
-    FORMAT_VERSION,
-    META_NAME,
-    VOCAB_NAME,
-    _ROWS_PER_FLUSH,
-    PretrainCache,
-    _hash,
-    _write_npy_from_raw,
-    load_cache,
-)
+from electra_ablate.data.cache import FORMAT_VERSION, META_NAME, PretrainCache, _hash, finish_entry, load_cache
 from electra_ablate.data.corpus_files import TextFiles, _fix_paths, file_sha256
 from electra_ablate.data.errors import DataError
-from electra_ablate.data.examples import Example, ExampleBuilder
+from electra_ablate.data.example_writer import ExampleWriter
+from electra_ablate.data.examples import ExampleBuilder
 from electra_ablate.data.hf_corpus import HFDataset
 from electra_ablate.data.tokenizer import load_tokenizer, read_vocab
 
@@ -85,52 +76,6 @@ def shards(lines: Iterator[str], shard_chars: int) -> Iterator[list[str]]:
 
 # ---------------------------------------------------------------------------------------------------------
 # The build
-
-
-class _ExampleWriter:
-    """Appends examples to headerless arrays on disk in blocks, then writes the .npy files of a cache entry."""
-
-    def __init__(self, directory: Path, max_length: int, dtype: np.dtype, pad: int):
-        self.directory, self.max_length, self.dtype, self.pad = directory, max_length, dtype, pad
-        n = _ROWS_PER_FLUSH
-        self.ids = np.full((n, max_length), pad, dtype=dtype)
-        self.meta = np.zeros((3, n), dtype=np.int32)  # lengths, segment_a_end, target_lengths
-        self.fill = self.rows = 0
-        self.files = {name: open(directory / f"{name}.raw", "wb")
-                      for name in ("input_ids", "lengths", "segment_a_end", "target_lengths")}
-
-    def add(self, example: Example | None) -> None:
-        if example is None:
-            return
-        n = len(example.input_ids)
-        self.ids[self.fill, :n] = example.input_ids
-        self.meta[:, self.fill] = (n, example.segment_a_end, example.target_length)
-        self.fill += 1
-        if self.fill == len(self.ids):
-            self._flush()
-
-    def _flush(self) -> None:
-        self.files["input_ids"].write(self.ids[: self.fill].tobytes())
-        for i, name in enumerate(("lengths", "segment_a_end", "target_lengths")):
-            self.files[name].write(self.meta[i, : self.fill].tobytes())
-        self.rows += self.fill
-        self.ids.fill(self.pad)
-        self.fill = 0
-
-    def close(self) -> int:
-        self._flush()
-        for f in self.files.values():
-            f.close()
-        _write_npy_from_raw(self.directory / "input_ids.raw", self.directory / "input_ids.npy", self.dtype,
-                              (self.rows, self.max_length))
-        for name in ("lengths", "segment_a_end", "target_lengths"):
-            _write_npy_from_raw(self.directory / f"{name}.raw", self.directory / f"{name}.npy",
-                                  np.dtype(np.int32), (self.rows,))
-        return self.rows
-
-    def abort(self) -> None:
-        for f in self.files.values():
-            f.close()
 
 
 def _worker_count(requested: int) -> int:
@@ -250,33 +195,65 @@ def build_or_load_corpus(
     _remove_stale_temporaries(shard_dir)
     tokenizer = load_tokenizer(vocab_file, lowercase)
     special = SpecialIds.from_vocab(tokens)
-    vocab_size = len(tokens)
-    dtype = np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
-    builder = ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep, random.Random(build_seed))
-    counts = np.zeros(vocab_size, dtype=np.int64)
+    dtype = np.dtype(np.uint16 if len(tokens) <= np.iinfo(np.uint16).max + 1 else np.int32)
     workers = _worker_count(workers)
-    progress = _Progress(source)
-    num_docs = num_tokens = 0
     log.info("building the pre-training examples of %s with %d tokenizer process(es) into %s", source.describe(),
              workers, target)
-
-    def assemble(index: int, tokenized_now: bool) -> None:
-        nonlocal num_docs, num_tokens
-        ids, line_lengths = W.read_shard(W.shard_path(shard_dir, index))
-        counts[:] += np.bincount(ids, minlength=vocab_size)
-        num_tokens += len(ids)
-        num_docs += int((line_lengths == 0).sum())
-        ends = np.cumsum(line_lengths).tolist()
-        start = 0
-        for end in ends:
-            writer.add(builder.add_line(ids[start:end].tolist()))
-            start = end
-        progress.shard(len(ids), read_back=not tokenized_now)
-        _on_shard_done(index)
-
     started = time.perf_counter()
     with atomic_dir(target, replace=False) as tmp:
-        writer = _ExampleWriter(tmp, max_seq_length, dtype, special.pad)
+        build = _Assembly(tmp, shard_dir, source, special, len(tokens), dtype,
+                          ExampleBuilder(max_seq_length, short_seq_prob, special.cls, special.sep,
+                                         random.Random(build_seed)), max_seq_length)
+        num_examples = build.run(shards(stream_lines(source, max_docs), shard_chars), tokenizer, workers)
+        if num_examples == 0:
+            raise DataError(f"The corpus {source.describe()} holds no text that tokenizes to word pieces. "
+                            f"{_fix_paths()}")
+        seconds = time.perf_counter() - started
+        finish_entry(tmp, build.counts, vocab_file, {
+            **inputs,
+            "corpus": source.describe(),
+            "vocab_size": len(tokens),
+            "special": special._asdict(),
+            "dtype": dtype.name,
+            "num_examples": num_examples,
+            "num_docs": build.num_docs,
+            "num_tokens": build.num_tokens,
+            "num_shards": build.progress.shards,
+            "build_workers": workers,
+            "build_seconds": round(seconds, 3),
+        })
+    build.progress.report()
+    log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
+             build.num_tokens / 1e6, seconds, build.num_tokens / max(seconds, 1e-9), target)
+    return load_cache(target)
+
+
+class _Assembly:
+    """Tokenizes the corpus's shards (in worker processes, or read back from an earlier build) and feeds them,
+    in corpus order, to the example builder and the entry's writer, counting word pieces and documents."""
+
+    def __init__(self, directory: Path, shard_dir: Path, source: Source, special: SpecialIds, vocab_size: int,
+                 dtype: np.dtype, builder: ExampleBuilder, max_seq_length: int):
+        self.shard_dir, self.dtype, self.builder, self.vocab_size = shard_dir, dtype, builder, vocab_size
+        self.writer = ExampleWriter(directory, max_seq_length, dtype, special.pad)
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+        self.progress = _Progress(source)
+        self.num_docs = self.num_tokens = 0
+
+    def assemble(self, index: int, tokenized_now: bool) -> None:
+        ids, line_lengths = W.read_shard(W.shard_path(self.shard_dir, index))
+        self.counts[:] += np.bincount(ids, minlength=self.vocab_size)
+        self.num_tokens += len(ids)
+        self.num_docs += int((line_lengths == 0).sum())
+        start = 0
+        for end in np.cumsum(line_lengths).tolist():
+            self.writer.add(self.builder.add_line(ids[start:end].tolist()))
+            start = end
+        self.progress.shard(len(ids), read_back=not tokenized_now)
+        _on_shard_done(index)
+
+    def run(self, corpus_shards: Iterator[list[str]], tokenizer, workers: int) -> int:
+        """Every shard, in order, through the builder; returns the number of examples written."""
         pool = None
         try:
             if workers > 1:
@@ -290,54 +267,29 @@ def build_or_load_corpus(
                     index, result = pending.popleft()
                     if result is not None:
                         result.get()
-                    assemble(index, tokenized_now=result is not None)
+                    self.assemble(index, tokenized_now=result is not None)
 
-            for index, lines in enumerate(shards(stream_lines(source, max_docs), shard_chars)):
-                if W.shard_path(shard_dir, index).is_file():
+            for index, lines in enumerate(corpus_shards):
+                if W.shard_path(self.shard_dir, index).is_file():
                     pending.append((index, None))
                 elif pool is None:
-                    W.tokenize_shard(index, lines, str(shard_dir), dtype.name, tokenizer)
+                    W.tokenize_shard(index, lines, str(self.shard_dir), self.dtype.name, tokenizer)
                     pending.append((index, _Done()))
                 else:
-                    pending.append((index, pool.apply_async(W.tokenize_shard, (index, lines, str(shard_dir),
-                                                                                dtype.name))))
+                    pending.append((index, pool.apply_async(W.tokenize_shard, (index, lines, str(self.shard_dir),
+                                                                                self.dtype.name))))
                 del lines
                 drain(limit - 1)
             drain(0)
-            writer.add(builder.flush())
-            num_examples = writer.close()
+            self.writer.add(self.builder.flush())
+            return self.writer.close()
         except BaseException:
-            writer.abort()
+            self.writer.abort()
             raise
         finally:
             if pool is not None:
                 pool.terminate()
                 pool.join()
-        if num_examples == 0:
-            raise DataError(f"The corpus {source.describe()} holds no text that tokenizes to word pieces. "
-                            f"{_fix_paths()}")
-        np.save(tmp / "token_counts.npy", counts)
-        shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
-        seconds = time.perf_counter() - started
-        meta = {
-            **inputs,
-            "corpus": source.describe(),
-            "vocab_file": str(vocab_file.resolve()),
-            "vocab_size": vocab_size,
-            "special": special._asdict(),
-            "dtype": dtype.name,
-            "num_examples": num_examples,
-            "num_docs": num_docs,
-            "num_tokens": num_tokens,
-            "num_shards": progress.shards,
-            "build_workers": workers,
-            "build_seconds": round(seconds, 3),
-        }
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    progress.report()
-    log.info("built %d examples from %.1fM word pieces in %.0f s (%.0f word pieces/s): %s", num_examples,
-             num_tokens / 1e6, seconds, num_tokens / max(seconds, 1e-9), target)
-    return load_cache(target)
 
 
 class _Done:

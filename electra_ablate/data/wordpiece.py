@@ -80,15 +80,7 @@ def learn_vocab(
         for c in word:
             chars[c] += n
     alphabet = set(sorted(chars, key=lambda c: (-chars[c], c))[:limit_alphabet])
-
-    # Words that can become pieces, as lists of symbol strings: "c" first, "##c" after.
-    words: list[list[str]] = []
-    freqs: list[int] = []
-    for word in sorted(word_counts):  # sorted only to fix the work order; the result does not depend on it
-        if len(word) > max_input_chars_per_word or not set(word) <= alphabet:
-            continue
-        words.append([word[0], *(PREFIX + c for c in word[1:])])
-        freqs.append(word_counts[word])
+    words, freqs = _candidate_words(word_counts, alphabet, max_input_chars_per_word)
 
     # As tokenizers' trainer: every alphabet character as a word-initial piece, and the `##` forms that occur.
     nexts = sorted({s for w in words for s in w[1:]})
@@ -100,13 +92,7 @@ def learn_vocab(
         )
     known = set(vocab)
 
-    # Pair statistics: weighted count of each adjacent pair and the words it occurs in.
-    pair_count: dict[tuple[str, str], int] = {}
-    pair_words: dict[tuple[str, str], set[int]] = {}
-    for i, (w, n) in enumerate(zip(words, freqs)):
-        for pair in zip(w, w[1:]):
-            pair_count[pair] = pair_count.get(pair, 0) + n
-            pair_words.setdefault(pair, set()).add(i)
+    pair_count, pair_words = _pair_statistics(words, freqs)
     # Max-heap by count, then smallest (left, right); stale entries are skipped when popped.
     heap = [(-n, pair) for pair, n in pair_count.items()]
     heapq.heapify(heap)
@@ -115,41 +101,11 @@ def learn_vocab(
         neg, pair = heapq.heappop(heap)
         if pair_count.get(pair, 0) != -neg or neg == 0:
             continue
-        left, right = pair
-        merged = left + right[len(PREFIX):]  # `right` is never word-initial, so it carries the prefix
+        merged = pair[0] + pair[1][len(PREFIX):]  # the right symbol is never word-initial: it carries the prefix
         if merged not in known:  # two pairs may spell one piece ("##a"+"##bc", "##ab"+"##c"): list it once
             known.add(merged)
             vocab.append(merged)
-        # Only pairs holding one of these symbols can change in a word (the rest keep their positions), so
-        # only they are recounted: subtracted as they were and added as they are.
-        touched = {left, right, merged}
-        changed: set[tuple[str, str]] = set()
-        for i in pair_words.pop(pair):
-            w, n = words[i], freqs[i]
-            new: list[str] = []
-            j = 0
-            while j < len(w):  # merge non-overlapping occurrences left to right
-                if j + 1 < len(w) and w[j] == left and w[j + 1] == right:
-                    new.append(merged)
-                    j += 2
-                else:
-                    new.append(w[j])
-                    j += 1
-            if len(new) == len(w):
-                continue  # the pair left this word in an earlier merge
-            for p in zip(w, w[1:]):
-                if p[0] in touched or p[1] in touched:
-                    pair_count[p] -= n
-                    changed.add(p)
-            for p in zip(new, new[1:]):
-                if p[0] in touched or p[1] in touched:
-                    pair_count[p] = pair_count.get(p, 0) + n
-                    changed.add(p)
-                    pair_words.setdefault(p, set()).add(i)
-            words[i] = new
-        pair_count.pop(pair, None)
-        changed.discard(pair)
-        for p in changed:
+        for p in _apply_merge(pair, merged, words, freqs, pair_count, pair_words):
             n = pair_count[p]
             if n > 0:
                 heapq.heappush(heap, (-n, p))
@@ -157,3 +113,70 @@ def learn_vocab(
                 del pair_count[p]  # gone from every word
                 pair_words.pop(p, None)
     return vocab
+
+
+def _candidate_words(word_counts: Counter[str] | dict[str, int], alphabet: set[str],
+                     max_input_chars_per_word: int) -> tuple[list[list[str]], list[int]]:
+    """Words that can become pieces, as lists of symbol strings ("c" first, "##c" after), and their counts."""
+    words: list[list[str]] = []
+    freqs: list[int] = []
+    for word in sorted(word_counts):  # sorted only to fix the work order; the result does not depend on it
+        if len(word) > max_input_chars_per_word or not set(word) <= alphabet:
+            continue
+        words.append([word[0], *(PREFIX + c for c in word[1:])])
+        freqs.append(word_counts[word])
+    return words, freqs
+
+
+def _pair_statistics(words: list[list[str]], freqs: list[int]):
+    """Weighted count of each adjacent pair of symbols, and the words (indices) it occurs in."""
+    pair_count: dict[tuple[str, str], int] = {}
+    pair_words: dict[tuple[str, str], set[int]] = {}
+    for i, (w, n) in enumerate(zip(words, freqs)):
+        for pair in zip(w, w[1:]):
+            pair_count[pair] = pair_count.get(pair, 0) + n
+            pair_words.setdefault(pair, set()).add(i)
+    return pair_count, pair_words
+
+
+def _merged(w: list[str], left: str, right: str, merged: str) -> list[str]:
+    """`w` with non-overlapping occurrences of (left, right) merged, left to right."""
+    new: list[str] = []
+    j = 0
+    while j < len(w):
+        if j + 1 < len(w) and w[j] == left and w[j + 1] == right:
+            new.append(merged)
+            j += 2
+        else:
+            new.append(w[j])
+            j += 1
+    return new
+
+
+def _apply_merge(pair: tuple[str, str], merged: str, words: list[list[str]], freqs: list[int],
+                 pair_count: dict[tuple[str, str], int], pair_words: dict[tuple[str, str], set[int]]) -> set:
+    """Merge `pair` in every word that holds it and update the pair statistics in place; returns the pairs
+    whose count changed (to be pushed again, or dropped at zero)."""
+    left, right = pair
+    # Only pairs holding one of these symbols can change in a word (the rest keep their positions), so only
+    # they are recounted: subtracted as they were and added as they are.
+    touched = {left, right, merged}
+    changed: set[tuple[str, str]] = set()
+    for i in pair_words.pop(pair):
+        w, n = words[i], freqs[i]
+        new = _merged(w, left, right, merged)
+        if len(new) == len(w):
+            continue  # the pair left this word in an earlier merge
+        for p in zip(w, w[1:]):
+            if p[0] in touched or p[1] in touched:
+                pair_count[p] -= n
+                changed.add(p)
+        for p in zip(new, new[1:]):
+            if p[0] in touched or p[1] in touched:
+                pair_count[p] = pair_count.get(p, 0) + n
+                changed.add(p)
+                pair_words.setdefault(p, set()).add(i)
+        words[i] = new
+    pair_count.pop(pair, None)
+    changed.discard(pair)
+    return changed

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.common.values import is_integer, is_number
 from electra_ablate.models.flops import Heads
 from electra_ablate.objectives import positions as slots
 from electra_ablate.objectives.positions import Positions
@@ -50,6 +51,12 @@ class ObjectiveOutput(NamedTuple):
     disc_probs: torch.Tensor | None = None  # (N,) replaced-token probabilities, for disc_auc
     disc_labels: torch.Tensor | None = None  # (N,) 0/1 labels
     disc_weights: torch.Tensor | None = None  # (N,) bool: which of the N count (None: all)
+
+
+def need(out: list[str], ok: bool, key: str, value, rule: str) -> None:
+    """Add "key=value rule" to `out` unless `ok` (the form of every config problem)."""
+    if not ok:
+        out.append(f"{key}={value!r} {rule}")
 
 
 def ratio(num: torch.Tensor, den: torch.Tensor | int | float) -> torch.Tensor:
@@ -158,7 +165,9 @@ class Objective(nn.Module):
     Class attributes say what the objective needs, so the training system never branches on its name:
     `needs_generator`, the heads of the network that gets pre-trained and then fine-tuned, what its step
     costs (`flops`: the heads that run, in the paper's FLOPs accounting), whether it has a discriminator loss
-    that `weighting` balances against the generator's (`weighted`), and its name and place in the paper.
+    that `weighting` balances against the generator's (`weighted`), whether it is replaced token detection
+    (`detects_replacements`), its place in the paper, and the checks of its own settings (`config_problems`).
+    Its name is its config option (common/variants.py).
     Subclasses define `forward(batch: Batch, nets: Networks) -> ObjectiveOutput`.
     """
 
@@ -168,15 +177,38 @@ class Objective(nn.Module):
     model_heads: ClassVar[dict[str, bool]] = {"mlm_head": True}
     flops: ClassVar[Heads]
     weighted: ClassVar[bool] = False
+    # A discriminator trained on the generator's samples (replaced token detection, `corrupt` + `disc_weights`
+    # + `disc_weight`): what the algorithms with their own optimizers (algorithms/) build on.
+    detects_replacements: ClassVar[bool] = False
 
     @classmethod
     def config_problems(cls, cfg: DictConfig) -> list[str]:
-        """What makes `cfg` impossible for this objective, each with the key and the fix (empty when fine)."""
+        """What makes `cfg` impossible for this objective, each with the key and the fix (empty when fine).
+        Subclasses add the checks of their own settings to these."""
+        obj, out = cfg.objective, []
+        if "mask_prob" in obj:
+            need(out, is_number(obj.mask_prob) and 0 < obj.mask_prob < 1, "objective.mask_prob", obj.mask_prob,
+                 "must be in (0, 1) (the paper masks 0.15)")
+        probs = [k for k in ("mask_token_prob", "random_token_prob") if k in obj]
+        for key in probs:
+            need(out, is_number(obj[key]) and 0 <= obj[key] <= 1, f"objective.{key}", obj[key],
+                 "must be a probability in [0, 1]")
+        if len(probs) == 2 and all(is_number(obj[k]) for k in probs) and obj.mask_token_prob + obj.random_token_prob > 1:
+            out.append(f"objective.mask_token_prob + objective.random_token_prob = "
+                       f"{obj.mask_token_prob + obj.random_token_prob} must be <= 1 (BERT: 0.8 + 0.1)")
+        if "max_predictions_per_seq" in obj:
+            cap = obj.max_predictions_per_seq
+            need(out, cap is None or (is_integer(cap) and cap > 0), "objective.max_predictions_per_seq", cap,
+                 "must be a positive integer, or null for the reference's int((mask_prob + 0.005) x max_seq_length)")
+        if "position_sampling" in obj:
+            need(out, obj.position_sampling in slots.SAMPLING, "objective.position_sampling", obj.position_sampling,
+                 f"must be one of {', '.join(slots.SAMPLING)} (without_replacement: distinct positions; reference: "
+                 "draws with replacement as pretrain_helpers.mask)")
         if get_class(cfg.weighting._target_).learned and not cls.weighted:
-            return [f"weighting={cfg.weighting.name} learns the weight of a discriminator loss against the "
-                    f"generator's, which objective={cfg.objective.name} does not have; use objective=electra or "
-                    "electra_15, or weighting=fixed"]
-        return []
+            out.append(f"weighting={cfg.weighting.name} learns the weight of a discriminator loss against the "
+                       f"generator's, which objective={cfg.objective.name} does not have; use objective=electra or "
+                       "electra_15, or weighting=fixed")
+        return out
 
     def __init__(
         self,
@@ -202,6 +234,8 @@ class Objective(nn.Module):
         self.mask_prob = mask_prob
         self.mask_token_prob = mask_token_prob
         self.random_token_prob = random_token_prob
+        # gumbel, the reference's, when built by hand; a run passes runtime.sampler (inverse_cdf by default:
+        # the same distribution from fewer random numbers), which is a speed setting outside the identity.
         self.sampler = sampler
         self.max_predictions_per_seq = max_predictions_per_seq
         self.position_sampling = position_sampling
@@ -233,24 +267,24 @@ class GeneratorObjective(Objective):
 
     needs_generator = True
 
-    def __init__(
-        self,
-        name: str,
-        special: SpecialIds,
-        vocab_size: int,
-        mask_prob: float = 0.15,
-        mask_token_prob: float = 0.85,
-        random_token_prob: float = 0.0,
-        sampler: str = "gumbel",
-        temperature: float = 1.0,
-        gen_weight: float = 1.0,
-        *,
-        max_predictions_per_seq: int | None = None,
-        position_sampling: str = "without_replacement",
-        disallow_correct: bool = False,
-    ):
-        super().__init__(name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler,
-                         max_predictions_per_seq=max_predictions_per_seq, position_sampling=position_sampling)
+    @classmethod
+    def config_problems(cls, cfg: DictConfig) -> list[str]:
+        obj, out = cfg.objective, super().config_problems(cfg)
+        if "disallow_correct" in obj:
+            need(out, isinstance(obj.disallow_correct, bool), "objective.disallow_correct", obj.disallow_correct,
+                 "must be true or false (the reference: false)")
+        if "temperature" in obj:
+            need(out, is_number(obj.temperature) and obj.temperature > 0, "objective.temperature", obj.temperature,
+                 "must be a positive number (1.0 samples the generator as is)")
+        if "gen_weight" in obj:
+            need(out, is_number(obj.gen_weight) and obj.gen_weight >= 0, "objective.gen_weight", obj.gen_weight,
+                 "must be a finite number >= 0 (the paper: gen_weight 1, disc_weight 50)")
+        return out
+
+    def __init__(self, *masking, temperature: float = 1.0, gen_weight: float = 1.0, disallow_correct: bool = False,
+                 **masking_by_name):
+        # The masking arguments (name, special, vocab_size, mask_prob, ...) are Objective's, defined there once.
+        super().__init__(*masking, **masking_by_name)
         assert temperature > 0, f"temperature={temperature} must be > 0"
         self.temperature = temperature
         self.gen_weight = gen_weight

@@ -13,7 +13,7 @@ from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, ml
 
 
 class Bert(Objective):
-    display_name = "BERT (MLM)"
+    display_name = "BERT"
     paper = "section 3.3, Table 5 (GLUE 82.2)"
     flops = Heads("mlm", MASKED_FRACTION, generator=False)
 

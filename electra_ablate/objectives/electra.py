@@ -11,11 +11,13 @@ weights by default, or a learned lambda.
 from __future__ import annotations
 
 import torch
+from omegaconf import DictConfig
 
-from electra_ablate.common.tokens import SpecialIds
+from electra_ablate.common.values import is_number
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import Heads
-from electra_ablate.objectives.base import Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, ratio, rtd_loss
+from electra_ablate.objectives.base import (Batch, Fake, GeneratorObjective, ObjectiveOutput, disc_sums, need, ratio,
+                                           rtd_loss)
 from electra_ablate.weighting.base import LossWeighting
 from electra_ablate.weighting.fixed import FixedWeights
 
@@ -26,35 +28,25 @@ class Electra(GeneratorObjective):
     model_heads = {"disc_head": True}
     flops = Heads("disc", 1.0, generator=True)
     weighted = True
+    detects_replacements = True
 
-    def __init__(
-        self,
-        name: str,
-        special: SpecialIds,
-        vocab_size: int,
-        mask_prob: float = 0.15,
-        mask_token_prob: float = 0.85,
-        random_token_prob: float = 0.0,
-        sampler: str = "gumbel",
-        temperature: float = 1.0,
-        gen_weight: float = 1.0,
-        disc_weight: float = 50.0,
-        weighting: LossWeighting | None = None,
-        *,
-        max_predictions_per_seq: int | None = None,
-        position_sampling: str = "without_replacement",
-        disallow_correct: bool = False,
-    ):
-        super().__init__(
-            name, special, vocab_size, mask_prob, mask_token_prob, random_token_prob, sampler, temperature, gen_weight,
-            max_predictions_per_seq=max_predictions_per_seq, position_sampling=position_sampling,
-            disallow_correct=disallow_correct,
-        )
+    @classmethod
+    def config_problems(cls, cfg: DictConfig) -> list[str]:
+        out = super().config_problems(cfg)
+        if "disc_weight" in cfg.objective:
+            w = cfg.objective.disc_weight
+            need(out, is_number(w) and w >= 0, "objective.disc_weight", w, "must be a finite number >= 0 (the paper: "
+                 "gen_weight 1, disc_weight 50); to learn lambda add weighting=learned")
+        return out
+
+    def __init__(self, *masking, disc_weight: float = 50.0, weighting: LossWeighting | None = None, **generator_args):
+        # The masking and sampling arguments are Objective's and GeneratorObjective's, defined there once.
+        super().__init__(*masking, **generator_args)
         if isinstance(disc_weight, str):
             raise ValueError(f"objective.disc_weight={disc_weight!r}: give a number (lambda; the paper uses 50); "
                              "to learn lambda, add weighting=learned")
         self.disc_weight = disc_weight
-        self.weighting = weighting if weighting is not None else FixedWeights("fixed", gen_weight, disc_weight)
+        self.weighting = weighting if weighting is not None else FixedWeights("fixed", self.gen_weight, disc_weight)
 
     def disc_weights(self, batch: Batch, fake: Fake) -> torch.Tensor:
         """(B, T) bool: where the discriminator loss applies -- every non-pad token ([CLS]/[SEP] included, as

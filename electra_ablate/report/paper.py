@@ -11,7 +11,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from electra_ablate.common.cli import CONF_DIR
+from electra_ablate.common.variants import option_class
+
 PAPER_RESULTS = Path(__file__).with_name("paper_results.yaml")
+# The config groups whose options are classes that name themselves (`display_name`).
+VARIANT_GROUPS = ("objective", "generator", "sharing", "weighting", "algorithm")
 
 
 @cache
@@ -22,6 +27,18 @@ def _paper_results(path: str) -> dict:
 def load_paper_results(path: str | Path | None = None) -> dict:
     """electra_ablate/report/paper_results.yaml: {section: {source, rows: {row: {label, glue | <task>: score}}}}."""
     return _paper_results(str(path or PAPER_RESULTS))
+
+
+def display_name(variant) -> str | None:
+    """What the classes a variant's pre-training selects call themselves (their `display_name`, e.g. ELECTRA
+    for objective=electra), joined over the variant groups it sets; None when it sets none."""
+    names = []
+    for group in VARIANT_GROUPS:
+        option = variant.pretrain.get(group)
+        cls = option_class(CONF_DIR, group, str(option)) if option is not None else None
+        if cls is not None and getattr(cls, "display_name", None):
+            names.append(cls.display_name)
+    return ", ".join(names) or None
 
 
 def paper_row(spec, label: str, paper: Mapping | None = None) -> tuple[dict | None, str | None]:

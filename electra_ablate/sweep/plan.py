@@ -37,10 +37,9 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
     with compose_session():
         jobs = [(job, ctx.compose_pretrain(job)) for job in ctx.pretrain_jobs()]
     for job, cfg in jobs:
-        cfg_hash = tracking.config_hash(cfg)
-        runs = [] if exp is None else client.search_runs(
-            [exp.experiment_id], filter_string=f"tags.{tracking.TAG_CONFIG_HASH} = '{cfg_hash}'",
-            order_by=["attributes.start_time DESC"])
+        hashes = tracking.identity_hashes(cfg)  # runs recorded before data paths left the identity too
+        cfg_hash = hashes[0]
+        runs = [] if exp is None else tracking.runs_of_identity(client, ctx.experiment, hashes)
         # A FINISHED run whose pre-trained directories are gone is not done: its job runs again (in that run).
         # Its fine-tuning results stay valid and reported meanwhile.
         finished = next((r for r in runs if r.info.status == "FINISHED"), None)

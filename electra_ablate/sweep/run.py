@@ -80,15 +80,11 @@ def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     labels = sorted({j.variant for j in todo}, key=[v.label for v in ctx.spec.variants].index)
     seeds = sorted({j.seed for j in todo})
     sweep_dir = ctx.workdir / "multirun" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_pretrain"
-    result.command = multirun_command(
+    command = multirun_command(
         "electra_ablate.pretrain", [f"+{PRETRAIN_GROUP}={','.join(labels)}", f"seed={','.join(map(str, seeds))}"],
         ctx, launcher, ctx.pretrain_overrides, sweep_dir)
-    tic = time.perf_counter()
-    result.returncode = launch(result.command, dry_run)
-    result.seconds = time.perf_counter() - tic
-    if result.returncode:
-        log.warning("pre-training multirun exited with %d: some jobs failed (listed in the report); going on", result.returncode)
-    return result
+    return _launch_phase(result, command, dry_run, "pre-training multirun exited with %d: some jobs failed "
+                                                   "(listed in the report); going on")
 
 
 def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
@@ -112,16 +108,23 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     tasks = [t for t in ctx.spec.tasks if t in {t for _, t, _ in todo}]
     seeds = sorted({s for _, _, s in todo})
     sweep_dir = ctx.workdir / "multirun" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_finetune"
-    result.command = multirun_command(
+    command = multirun_command(
         "electra_ablate.finetune",
         [f"+{FINETUNE_GROUP}={','.join(c.config_name for c in ckpts)}", f"task={','.join(tasks)}",
          f"seed={','.join(map(str, seeds))}"],
         ctx, launcher, ctx.finetune_overrides, sweep_dir)
+    return _launch_phase(result, command, dry_run,
+                         "fine-tuning multirun exited with %d: some jobs failed (listed in the report)")
+
+
+def _launch_phase(result: PhaseResult, command: list[str], dry_run: bool, failed: str) -> PhaseResult:
+    """Run a phase's multirun `command`, timed, into `result`; a non-zero exit is logged (`failed` % code)."""
+    result.command = command
     tic = time.perf_counter()
-    result.returncode = launch(result.command, dry_run)
+    result.returncode = launch(command, dry_run)
     result.seconds = time.perf_counter() - tic
     if result.returncode:
-        log.warning("fine-tuning multirun exited with %d: some jobs failed (listed in the report)", result.returncode)
+        log.warning(failed, result.returncode)
     return result
 
 

@@ -1,41 +1,36 @@
 """MLflow plumbing shared by pre-training, fine-tuning, sweeps and the report.
 
 One place decides where runs go (an embedded SQLite store under the outputs folder unless
-`MLFLOW_TRACKING_URI` says otherwise), what a run's identity is (`config_hash`: the hash of the resolved
-config without the settings that only change speed or bookkeeping, so a finished run is found and never
-recomputed), and how metrics are written (buffered and sent with `log_batch`: one SQLite write costs ~8 ms).
+`MLFLOW_TRACKING_URI` says otherwise), how the runs of an identity are found (`config_hash` and its legacy
+spellings, tracking/identity.py), and how metrics are written (buffered and sent with `log_batch`: one SQLite
+write costs ~8 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import mlflow
 import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate.tracking import store
-
-# Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
-# "impl" group): they are left out of the run identity.
-IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep", "run_name")
-TRAINER_IDENTITY_EXCLUDE = (
-    "accelerator",
-    "devices",
-    "strategy",
-    "num_nodes",
-    "enable_progress_bar",
-    "log_every_n_steps",
-    "checkpoint_every_n_steps",
+from electra_ablate.tracking.identity import (  # noqa: F401  (the run identity, re-exported where runs are found)
+    DATA_DIR_SPELLING,
+    IDENTITY_EXCLUDE,
+    IDENTITY_TARGETS,
+    NEW_KEY_DEFAULTS,
+    TRAINER_IDENTITY_EXCLUDE,
+    config_hash,
+    identity,
+    identity_hashes,
 )
 
 # Tag names that the report and the sweep runner read.
@@ -108,115 +103,24 @@ def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     return client
 
 
-# Where a class chosen by `_target_` lived when run identities were first recorded. A `_target_` says where
-# code lives, not what it computes, so moving a class must not change the identity of runs that use it (they
-# would be trained again): identities hash the old path of a moved class, and leave out the `_target_` of a
-# config group that had none (value None). tests/test_identity_stability.py holds every shipped sweep to this.
-IDENTITY_TARGETS: dict[str, str | None] = {
-    "electra_ablate.training.system.PretrainSystem": "electra_ablate.system.PretrainSystem",
-    "electra_ablate.data.corpus.HFDatasetDataModule": "electra_ablate.corpus.HFDatasetDataModule",
-    "electra_ablate.data.corpus.TextFilesDataModule": "electra_ablate.corpus.TextFilesDataModule",
-    "electra_ablate.data.pretraining.PretrainDataModule": "electra_ablate.data.PretrainDataModule",
-    "electra_ablate.data.module.PretrainDataModule": "electra_ablate.data.PretrainDataModule",
-    "electra_ablate.data.module.TextFilesDataModule": "electra_ablate.corpus.TextFilesDataModule",
-    "electra_ablate.data.module.HFDatasetDataModule": "electra_ablate.corpus.HFDatasetDataModule",
-    "electra_ablate.generators.neural.NeuralGenerator": "electra_ablate.generators.NeuralGenerator",
-    "electra_ablate.sharing.none.NoSharing": None,
-    "electra_ablate.sharing.embeddings.EmbeddingSharing": None,
-    "electra_ablate.sharing.all.AllSharing": None,
-    "electra_ablate.generators.fixed.UniformGenerator": "electra_ablate.generators.UniformGenerator",
-    "electra_ablate.generators.fixed.UnigramGenerator": "electra_ablate.generators.UnigramGenerator",
-}
-
-
-def _legacy_targets(node):
-    if isinstance(node, dict):
-        out = {}
-        for k, v in node.items():
-            if k == "_target_" and isinstance(v, str) and v in IDENTITY_TARGETS:
-                if IDENTITY_TARGETS[v] is not None:
-                    out[k] = IDENTITY_TARGETS[v]
-            else:
-                out[k] = _legacy_targets(v)
-        return out
-    if isinstance(node, list):
-        return [_legacy_targets(v) for v in node]
-    return node
-
-
-# The `weighting` group came after run identities were first recorded, when a learned lambda was spelt
-# objective.disc_weight=learned (starting at the paper's 50): identities hash that spelling, and leave the
-# group out for the paper's fixed weights.
-_FIXED_WEIGHTING = {"_target_": "electra_ablate.weighting.fixed.FixedWeights", "name": "fixed"}
-_LEARNED_WEIGHTING = {"_target_": "electra_ablate.weighting.learned.LearnedWeights", "name": "learned"}
-
-
-def _legacy_weighting(container: dict) -> dict:
-    weighting = container.get("weighting")
-    if weighting == _FIXED_WEIGHTING:
-        container.pop("weighting")
-    elif weighting == _LEARNED_WEIGHTING and (container.get("objective") or {}).get("disc_weight") == 50.0:
-        container.pop("weighting")
-        container["objective"] = {**container["objective"], "disc_weight": "learned"}
-    return container
-
-
-# Keys added to a config group after run identities were first recorded, with the value that reproduces what
-# runs did before the key existed: identities leave such a key out while it has that value, so adding an
-# option never re-runs finished work, and choosing another value makes a new identity.
-NEW_KEY_DEFAULTS: dict[str, object] = {
-    # Masking options of the reference (pretrain_helpers.mask, configure_pretraining.py); these values reproduce
-    # the masking that runs had before the options existed.
-    "objective.max_predictions_per_seq": None,
-    "objective.position_sampling": "without_replacement",
-    "objective.disallow_correct": False,
-    "optim.bias_correction": True,  # pre-training's torch AdamW (the reference's update: false)
-    "finetune_optim.bias_correction": True,  # fine-tuning's torch AdamW ...
-    "finetune_optim.loss_reduction": "mean",  # ... on the batch-mean loss (the reference: false, sum)
-    # Block layout options beyond the paper; these values are the paper's layout that runs had before.
-    "model.layer_norm": "post",
-    "model.linear_bias": True,
-}
-
-
-def _drop_new_key_defaults(container: dict) -> dict:
-    for dotted, default in NEW_KEY_DEFAULTS.items():
-        *parents, key = dotted.split(".")
-        node = container
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and key in node and node[key] == default:
-            del node[key]
-    return container
-
-
-def identity(cfg: DictConfig) -> dict:
-    """The resolved config minus speed/bookkeeping settings: what makes two runs the same run."""
-    container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    container = _drop_new_key_defaults(_legacy_weighting(_legacy_targets(container)))
-    assert isinstance(container, dict)
-    out = {k: v for k, v in container.items() if k not in IDENTITY_EXCLUDE}
-    if isinstance(out.get("trainer"), dict):
-        out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in TRAINER_IDENTITY_EXCLUDE}
-    return out
-
-
-def config_hash(cfg: DictConfig | Mapping) -> str:
-    data = identity(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def find_finished_run(client: MlflowClient, experiment: str, cfg_hash: str):
-    """The newest FINISHED run with this config hash, or None."""
+def _search_hashes(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str], also: str = "",
+                   max_results: int = 1000) -> list:
+    """Runs tagged with any of the hashes (newest first); `also`: a filter every run must pass too. One search
+    per hash: MLflow's filter has no IN for tags."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return None
-    runs = client.search_runs(
-        [exp.experiment_id],
-        filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}' and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
+        return []
+    runs = {}
+    for h in [cfg_hash] if isinstance(cfg_hash, str) else cfg_hash:
+        for r in client.search_runs([exp.experiment_id], filter_string=f"tags.{TAG_CONFIG_HASH} = '{h}'{also}",
+                                    order_by=["attributes.start_time DESC"], max_results=max_results):
+            runs[r.info.run_id] = r
+    return sorted(runs.values(), key=lambda r: r.info.start_time or 0, reverse=True)[:max_results]
+
+
+def find_finished_run(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str]):
+    """The newest FINISHED run with this config hash (or any of these: `identity_hashes`), or None."""
+    runs = _search_hashes(client, experiment, cfg_hash, " and attributes.status = 'FINISHED'", max_results=1)
     return runs[0] if runs else None
 
 
@@ -343,13 +247,9 @@ def end_status(error: BaseException) -> tuple[str, str]:
     return "FAILED", f"{type(error).__name__}: {error}"
 
 
-def runs_of_identity(client: MlflowClient, experiment: str, cfg_hash: str) -> list:
-    """Every run with this config hash, newest first."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    return client.search_runs([exp.experiment_id], filter_string=f"tags.{TAG_CONFIG_HASH} = '{cfg_hash}'",
-                              order_by=["attributes.start_time DESC"], max_results=1000)
+def runs_of_identity(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str]) -> list:
+    """Every run with this config hash (or any of these: `identity_hashes`), newest first."""
+    return _search_hashes(client, experiment, cfg_hash)
 
 
 def retire_stale(client: MlflowClient, runs, keep: str | None) -> list[str]:

@@ -23,12 +23,8 @@ from electra_ablate.sharing.base import SharingMode
 from electra_ablate.training.checks import MODEL_KEYS
 
 
-def resolve_precision(cfg: DictConfig) -> str:
-    return precision.resolve(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator))
-
-
-def on_gpu(cfg: DictConfig) -> bool:
-    return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
+resolve_precision = precision.for_config  # where a run of cfg trains, and at which precision (common/precision.py)
+on_gpu = precision.on_gpu
 
 
 def data_module(cfg: DictConfig) -> PretrainDataModule:

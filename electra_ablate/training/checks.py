@@ -3,13 +3,12 @@ key and the fix before anything is built, run or recorded."""
 
 from __future__ import annotations
 
-import math
-
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from electra_ablate.common.values import is_integer as _integer
+from electra_ablate.common.values import is_number as _number
 from electra_ablate.models.encoder import LAYER_NORMS
-from electra_ablate.objectives.positions import SAMPLING
 
 # The config groups whose `_target_` class carries its own constraints (`config_problems(cfg)`).
 AXES = ("objective", "generator", "sharing", "weighting", "algorithm")
@@ -23,16 +22,9 @@ class ConfigError(ValueError):
     pass
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def value_problems(cfg: DictConfig) -> list[str]:
-    """Settings outside their valid range, each with the key and the fix (the paper's value where it has one)."""
+    """Settings outside their valid range, each with the key and the fix (the paper's value where it has one).
+    A variant's own settings (objective.mask_prob, ...) are checked by its class (`config_problems`)."""
     out: list[str] = []
 
     def need(ok: bool, key: str, value, rule: str) -> None:
@@ -80,35 +72,6 @@ def value_problems(cfg: DictConfig) -> list[str]:
     need(isinstance(m.linear_bias, bool), "model.linear_bias", m.linear_bias, "must be true or false (the paper: true)")
     need(_number(m.generator_fraction) and 0 < m.generator_fraction <= 1, "model.generator_fraction",
          m.generator_fraction, "must be in (0, 1] (a fraction of the discriminator; the paper: 1/4 to 1/2)")
-    obj = cfg.objective
-    if "mask_prob" in obj:
-        need(_number(obj.mask_prob) and 0 < obj.mask_prob < 1, "objective.mask_prob", obj.mask_prob,
-             "must be in (0, 1) (the paper masks 0.15)")
-    probs = [k for k in ("mask_token_prob", "random_token_prob") if k in obj]
-    for key in probs:
-        need(_number(obj[key]) and 0 <= obj[key] <= 1, f"objective.{key}", obj[key], "must be a probability in [0, 1]")
-    if len(probs) == 2 and all(_number(obj[k]) for k in probs) and obj.mask_token_prob + obj.random_token_prob > 1:
-        out.append(f"objective.mask_token_prob + objective.random_token_prob = "
-                   f"{obj.mask_token_prob + obj.random_token_prob} must be <= 1 (BERT: 0.8 + 0.1)")
-    if "max_predictions_per_seq" in obj:
-        cap = obj.max_predictions_per_seq
-        need(cap is None or (_integer(cap) and cap > 0), "objective.max_predictions_per_seq", cap,
-             "must be a positive integer, or null for the reference's int((mask_prob + 0.005) x max_seq_length)")
-    if "position_sampling" in obj:
-        need(obj.position_sampling in SAMPLING, "objective.position_sampling", obj.position_sampling,
-             f"must be one of {', '.join(SAMPLING)} (without_replacement: distinct positions; reference: draws with "
-             "replacement as pretrain_helpers.mask)")
-    if "disallow_correct" in obj:
-        need(isinstance(obj.disallow_correct, bool), "objective.disallow_correct", obj.disallow_correct,
-             "must be true or false (the reference: false)")
-    if "temperature" in obj:
-        need(_number(obj.temperature) and obj.temperature > 0, "objective.temperature", obj.temperature,
-             "must be a positive number (1.0 samples the generator as is)")
-    for key in ("gen_weight", "disc_weight"):
-        if key in obj:
-            need(_number(obj[key]) and obj[key] >= 0, f"objective.{key}", obj[key],
-                 "must be a finite number >= 0 (the paper: gen_weight 1, disc_weight 50)"
-                 + ("; to learn lambda add weighting=learned" if key == "disc_weight" else ""))
     return out
 
 

@@ -97,12 +97,8 @@ def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
 # --- runtime (speed-only settings) ------------------------------------------------------------------------
 
 
-def on_gpu(cfg: DictConfig) -> bool:
-    return torch.cuda.is_available() and cfg.trainer.accelerator in ("auto", "gpu", "cuda")
-
-
-def precision(cfg: DictConfig) -> str:
-    return precision_lib.resolve(cfg.runtime.precision, "cuda" if on_gpu(cfg) else "cpu")
+on_gpu = precision_lib.on_gpu  # where a run of cfg trains, and at which precision (common/precision.py)
+precision = precision_lib.for_config
 
 
 def auto_flag(value, default: bool) -> bool | None:

@@ -77,8 +77,11 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
     """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure, and in every
     process of a multi-process run but the first)."""
     validate(cfg)
-    cfg_hash = tracking.config_hash(cfg)
-    store = Path(cfg.paths.output_root) / "pretrain" / cfg.logger.experiment / cfg_hash
+    hashes = tracking.identity_hashes(cfg)  # this identity, then its spelling before data paths left it
+    cfg_hash = hashes[0]
+    # The outputs of a run recorded under its legacy identity stay where they are (its checkpoints resume).
+    stores = [Path(cfg.paths.output_root) / "pretrain" / cfg.logger.experiment / h for h in hashes]
+    store = next((d for d in stores if d.is_dir()), stores[0])
     if rank_zero_only.rank != 0:
         # Another process of a DDP run (Lightning started it with the same command line): it trains its
         # shard of every global batch; the first process alone holds the lock, the MLflow run and the outputs.
@@ -114,7 +117,7 @@ def missing_outputs(run) -> list[str]:
 
 
 def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[pl.Callback] | None) -> str | None:
-    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
         missing = missing_outputs(done)

@@ -34,6 +34,10 @@ class TrainingError(RuntimeError):
 
 
 class PretrainSystem(FusedClipping, pl.LightningModule):
+    option = "joint"  # conf/algorithm/joint.yaml: generator and discriminator trained by one weighted loss
+    display_name = "joint training"
+    paper = "section 2"
+
     def __init__(
         self,
         name: str,
