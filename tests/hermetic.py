@@ -163,7 +163,7 @@ def remove_data_dir(data_dir: Path) -> None:
 
 
 def finetune_hash_of(ctx, client):
-    """(variant, pretrained step, task, seed) -> the config hash a fine-tuning job of `ctx`'s grid records, for
+    """(variant or pre-training run id, pretrained step, task, seed) -> the config hash a fine-tuning job of `ctx`'s grid records, for
     stores that tests fill by hand: the report counts only runs of the grid's current fine-tuning config."""
     from electra_ablate.sweep.jobs import Checkpoint
     from electra_ablate.sweep.plan import checkpoints_of, finetune_hashes, pretrain_states, random_init_checkpoints
@@ -175,5 +175,10 @@ def finetune_hash_of(ctx, client):
             checkpoints += checkpoints_of(state, ctx.spec.checkpoints)[0]
     checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
     by_name = {c.config_name: c for c in checkpoints}
-    return {(by_name[name].variant, by_name[name].step, task, seed): h
-            for (name, task, seed), h in finetune_hashes(ctx, checkpoints).items()}
+    out = {}
+    for (name, task, seed), h in finetune_hashes(ctx, checkpoints).items():
+        c = by_name[name]
+        out[(c.variant, c.step, task, seed)] = h  # one pre-training seed per variant: the variant names it
+        if c.run_id is not None and not c.random_init:
+            out[(c.run_id, c.step, task, seed)] = h  # several: the pre-training run does
+    return out

@@ -250,10 +250,14 @@ def write_text_corpora(tmp: Path) -> None:
 
 def write_my_conf(tmp: Path) -> None:
     """docs/architecture.md's `objective/<name>.yaml` in a folder of one's own, naming tests/toy_variants.py's
-    objective as `my_package.my_objective.MyObjective`."""
+    objective as `my_objective.MyObjective`, a subclass of tests/toy_variants.py's."""
     (tmp / "my_conf" / "objective").mkdir(parents=True)
     (tmp / "my_conf" / "objective" / "my_objective.yaml").write_text(
-        "_target_: toy_variants.ShuffledTokenDetection\nname: my_objective\nmask_prob: 0.15\n")
+        "_target_: my_objective.MyObjective\nmask_prob: 0.15\n")
+    # The module names the option (common/variants.py): my_objective.py, importable from the command's folder.
+    (tmp / "my_objective.py").write_text(
+        "from toy_variants import ShuffledTokenDetection\n\n\nclass MyObjective(ShuffledTokenDetection):\n"
+        "    pass\n")
 
 
 def write_cpu_evidence_2x2(tmp: Path) -> None:
@@ -590,6 +594,7 @@ def test_documented_command_composes(cmd: DocCommand, tmp_path, monkeypatch):
     monkeypatch.setenv("ELECTRA_ABLATE_HOME", str(tmp_path / "home"))
     if isinstance(spec, Smoke) and spec.setup:
         spec.setup(tmp_path)
+        monkeypatch.syspath_prepend(str(tmp_path))  # modules the setup wrote, as the command's folder has them
     if isinstance(spec, Smoke) and spec.pythonpath:
         monkeypatch.syspath_prepend(spec.pythonpath[0])
     _, words = split_env(substitute(cmd.text, spec, tmp_path, lambda ref: ref.dummy))

@@ -26,6 +26,7 @@ from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.spec import load_sweep
 from electra_ablate.tracking import runs as tracking
+from tests.hermetic import finetune_hash_of
 
 SWEEP_FILE = """
 name: claims_mini
@@ -54,7 +55,7 @@ def make_context(tmp_path: Path, data_dir: Path, text: str = SWEEP_FILE) -> comp
 
 
 def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task: str, seed: int, rng,
-                 with_predictions: bool = True) -> None:
+                 hashes: dict, with_predictions: bool = True) -> None:
     spec = glue.get_task(task)
     labels = np.random.default_rng(123).integers(0, 2, N)  # the same dev set for every run
     correct = rng.random(N) < ACCURACY[variant] + rng.normal(0, 0.02)
@@ -62,7 +63,7 @@ def log_finetune(client, tmp: Path, pretrain_id: str | None, variant: str, task:
     score = 100 * glue_metrics.METRICS[spec.paper_metric](preds, labels)
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id or "none",
             "pretrained_step": 100 if pretrain_id else 0, "variant": variant, "sweep": "claims_mini",
-            "config_hash": f"{variant}{pretrain_id}{task}{seed}"}
+            "config_hash": hashes[(pretrain_id, 100, task, seed) if pretrain_id else (variant, None, task, seed)]}
     time.sleep(0.002)
     run = tracking.RunLogger.start(client, "claims_mini", f"{task}-s{seed}", tags, parent_run_id=pretrain_id)
     run.log_metrics({"final/score": score}, 3)
@@ -78,16 +79,20 @@ def build_store(tmp: Path, data_dir: Path, with_predictions=lambda variant: True
     ctx = make_context(tmp, data_dir)
     client = tracking.setup(ctx.tracking_uri, "claims_mini")
     rng = np.random.default_rng(0)
+    pretrained = {}
     for variant, pseed in itertools.product(("electra", "bert"), (0, 1)):
         cfg_hash = tracking.config_hash(ctx.compose_pretrain(PretrainJob(variant, pseed)))
         tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "claims_mini",
                 "seed": pseed, "checkpoints": json.dumps({"100": "/ckpt/final"})}
         run = tracking.RunLogger.start(client, "claims_mini", f"{variant}-s{pseed}", tags, {"trainer.max_steps": "100"})
         run.finish("FINISHED")
+        pretrained[(variant, pseed)] = run.run_id
+    hashes = finetune_hash_of(ctx, client)  # the report counts only runs of the grid's current fine-tuning config
+    for (variant, pseed), run_id in pretrained.items():
         for task, seed in itertools.product(("cola", "rte"), (0, 1, 2)):
-            log_finetune(client, tmp, run.run_id, variant, task, seed, rng, with_predictions(variant))
+            log_finetune(client, tmp, run_id, variant, task, seed, rng, hashes, with_predictions(variant))
     for task, seed in itertools.product(("cola", "rte"), (0, 1, 2)):
-        log_finetune(client, tmp, None, "scratch", task, seed, rng, with_predictions("scratch"))
+        log_finetune(client, tmp, None, "scratch", task, seed, rng, hashes, with_predictions("scratch"))
     return ctx, client
 
 
