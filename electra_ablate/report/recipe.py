@@ -20,8 +20,7 @@ from electra_ablate.common.cli import CONF_DIR
 @dataclass(frozen=True)
 class Setting:
     name: str
-    param: str  # the fine-tuning run's MLflow param
-    paper: str  # the paper's value, as text ("" = per task or per size, filled in below)
+    param: str  # the fine-tuning run's MLflow param; the paper's value is _paper_defaults()[param]
 
 
 SIZE_NAMES = {"tiny": "Small's, for tiny"}  # the paper has no tiny size: fine-tuning counts it as Small
@@ -46,16 +45,16 @@ def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str
 
 
 SETTINGS = (
-    Setting("learning rate", "resolved.lr", ""),
+    Setting("learning rate", "resolved.lr"),
     Setting("update rule: Adam bias correction (false = the reference's AdamWeightDecayOptimizer)",
-            "finetune_optim.bias_correction", ""),
-    Setting("loss over the batch (sum = the reference's run_finetuning.py)", "finetune_optim.loss_reduction", ""),
-    Setting("epochs", "task.epochs", ""),
-    Setting("training examples (None = the whole training set)", "glue_data.max_train_examples", ""),
-    Setting("max sequence length", "glue_data.max_seq_length", ""),
-    Setting("batch size", "glue_data.batch_size", ""),
-    Setting("warm-up fraction", "finetune_optim.warmup_fraction", ""),
-    Setting("weight decay", "finetune_optim.weight_decay", ""),
+            "finetune_optim.bias_correction"),
+    Setting("loss over the batch (sum = the reference's run_finetuning.py)", "finetune_optim.loss_reduction"),
+    Setting("epochs", "task.epochs"),
+    Setting("training examples (None = the whole training set)", "glue_data.max_train_examples"),
+    Setting("max sequence length", "glue_data.max_seq_length"),
+    Setting("batch size", "glue_data.batch_size"),
+    Setting("warm-up fraction", "finetune_optim.warmup_fraction"),
+    Setting("weight decay", "finetune_optim.weight_decay"),
 )
 
 
