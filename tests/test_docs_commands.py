@@ -209,6 +209,13 @@ def check_pilot(result: Result, runner: Runner) -> None:
     assert re.search(r"pre-trained bert-", result.output)
 
 
+def check_curve(result: Result, runner: Runner) -> None:
+    """docs/cpu_scale.md: a row per implementation in the CSV under <outputs>/curves/, and the table printed."""
+    (path,) = (runner.home / "curves").glob("electra-vs-transformers-*.csv")
+    assert ",ours," in path.read_text() and ",transformers," in path.read_text()
+    assert "| step | tokens | ours: MLM loss" in result.output
+
+
 def check_my_objective(result: Result, runner: Runner) -> None:
     check_pretrained(result, runner)
     run = runner.client().get_run(result.run_id)
@@ -374,6 +381,11 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "trainer.max_steps=1500 model.layer_norm=pre model.hidden_dropout_prob=0 model.attention_probs_dropout_prob=0 "
      "runtime.num_workers=0 logger.experiment=pilots"):
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.bench.curve model=tiny data=wiki data.max_docs=40000 "
+     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=1e-3 optim.warmup_steps=60 "
+     "trainer.max_steps=750 runtime.num_workers=0"):
+        Smoke((*TINY_SHAPE, "data.max_docs=200", "data.batch_size=4", "optim.warmup_steps=1", "trainer.max_steps=3",
+               "--log-every 1"), check=check_curve, slow=False),
     # docs/dashboard.md
     "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
         Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),

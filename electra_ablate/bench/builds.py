@@ -5,11 +5,14 @@ Ours is the `electra` objective built by `training.build.build_networks` plus th
 stepped as Lightning steps it. The reference: `ElectraForPreTraining` + `ElectraForMaskedLM` with tied embeddings,
 SDPA attention, dropout 0.1, MLM logits at every position, Gumbel-max sampling over all positions (the reference
 implementation's `sample_from_softmax`), the same Adam update as ours (optim.bias_correction: torch's AdamW by
-default, the reference's without bias correction when false), parameter groups, schedule and clipping."""
+default, the reference's without bias correction when false), parameter groups, schedule and clipping. The reference
+is the paper's ELECTRA only (`reference_problems` says what else it cannot be); bench/curve.py trains both side by
+side."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,11 +29,14 @@ from electra_ablate.hf.convert import electra_config, to_transformers_state_dict
 from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig, Networks
 from electra_ablate.objectives import positions as slots
-from electra_ablate.objectives.base import mask_tokens
+from electra_ablate.objectives.base import Batch, Masked
+from electra_ablate.objectives.electra import Electra
 from electra_ablate.optim.adam import adam_over_parameters
 from electra_ablate.optim.groups import unique_parameters
 from electra_ablate.optim.schedule import linear_warmup_decay
+from electra_ablate.sharing.embeddings import EmbeddingSharing
 from electra_ablate.training import build, checks
+from electra_ablate.training.system import PretrainSystem
 
 
 def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None = None) -> DictConfig:
@@ -49,8 +55,13 @@ def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None 
         *s.overrides,
         *extra,
     ]
+    return compose_pretrain(overrides)
+
+
+def compose_pretrain(overrides: Sequence[str]) -> DictConfig:
+    """conf/pretrain.yaml with `overrides` (later ones win), checked as pre-training checks it (training/checks.py)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("pretrain", overrides=overrides)
+        cfg = compose("pretrain", overrides=list(overrides))
     checks.validate(cfg)
     return cfg
 
@@ -190,6 +201,47 @@ def _hf_config(config: EncoderConfig):
     return hf
 
 
+def reference_problems(cfg: DictConfig) -> list[str]:
+    """What the transformers reference cannot be in `cfg`, each with its key and the fix (empty when fine). It is
+    the paper's ELECTRA: post-LayerNorm blocks with biases, replaced token detection over every token, a neural
+    generator sharing the discriminator's embeddings, one loss with fixed weights, one optimizer."""
+    m, obj, out = cfg.model, cfg.objective, []
+    if m.layer_norm != "post":
+        out.append(f"model.layer_norm={m.layer_norm}: transformers' ELECTRA classes have only the paper's "
+                   "post-LayerNorm blocks, so the reference cannot be built; use model.layer_norm=post")
+    if m.linear_bias is not True:
+        out.append(f"model.linear_bias={str(m.linear_bias).lower()}: transformers' ELECTRA classes always have "
+                   "linear biases (the paper's layout), so the reference cannot be built; use model.linear_bias=true")
+    wants = (  # (group, the reference can be it, what the reference has, the paper's option)
+        ("objective", get_class(obj._target_) is Electra, "replaced token detection over every token", "electra"),
+        ("generator", get_class(cfg.generator._target_).neural, "a Transformer generator", "neural"),
+        ("sharing", get_class(cfg.sharing._target_) is EmbeddingSharing, "shared embeddings", "embeddings"),
+        ("weighting", not get_class(cfg.weighting._target_).learned, "fixed loss weights", "fixed"),
+        ("algorithm", get_class(cfg.algorithm._target_) is PretrainSystem, "one optimizer for both networks", "joint"),
+    )
+    for group, ok, has, paper in wants:
+        if not ok:
+            cls = get_class(cfg[group]._target_)
+            name = cfg[group].get("name") or getattr(cls, "label", cls.__name__)
+            out.append(f"{group}={name}: the transformers reference is the paper's ELECTRA, with {has}; "
+                       f"use {group}={paper}")
+    if obj.get("disallow_correct", False):
+        out.append("objective.disallow_correct=true: the reference samples the generator as it is; use "
+                   "objective.disallow_correct=false (the reference's)")
+    return out
+
+
+class RefOutput(NamedTuple):
+    """One batch through the reference (all but `loss` detached)."""
+
+    loss: torch.Tensor  # gen_weight x MLM + disc_weight x disc
+    mlm_loss: torch.Tensor  # mean cross-entropy at the selected positions
+    gen_logits: torch.Tensor  # (B, T, V)
+    disc_loss: torch.Tensor  # mean sigmoid cross-entropy over the non-pad tokens
+    disc_logits: torch.Tensor  # (B, T)
+    replaced: torch.Tensor  # (B, T) bool: the sample differs from the original
+
+
 class TransformersRunner:
     """The reference: a pre-training step written around transformers' ELECTRA classes."""
 
@@ -198,13 +250,13 @@ class TransformersRunner:
     def __init__(self, cfg: DictConfig, data: Data, device: torch.device, fused_adam: bool):
         import transformers
 
+        problems = reference_problems(cfg)
+        if problems:
+            raise BenchError("; ".join(problems))
         self.cfg, self.device = cfg, device
         disc_cfg, gen_cfg = encoder_configs(cfg, data)
-        if gen_cfg is None:
-            raise BenchError("the transformers reference needs a neural generator (generator=neural)")
         # The objective's masking and loss-weight settings (the same config group our step uses).
         self.objective = instantiate(cfg.objective, special=data.special, vocab_size=data.dm.vocab_size)
-        self.special, self.vocab_size = data.special, data.dm.vocab_size
         self.disc = transformers.ElectraForPreTraining(_hf_config(disc_cfg)).to(device)
         self.gen = transformers.ElectraForMaskedLM(_hf_config(gen_cfg)).to(device)
         # Embedding sharing (paper section 3.2) and the tied output layer, as our build does.
@@ -238,25 +290,36 @@ class TransformersRunner:
         o = self.objective
         return gen_out, disc_out, o.gen_weight * gen_out.loss + o.disc_weight * disc_out.loss
 
-    def step(self, micro_batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-        k = len(micro_batches)
+    def forward(self, batch: dict[str, torch.Tensor], m: Masked) -> RefOutput:
+        """Generator on the masked batch, its samples at the selected positions, discriminator on the result."""
+        ids, am, tt = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
         o = self.objective
-        for b in micro_batches:
-            ids = b["input_ids"]
+        gen_out = self.gen(input_ids=m.input_ids, attention_mask=am, token_type_ids=tt, labels=m.labels)
+        with torch.no_grad():  # Gumbel-max over all B x T positions (reference sample_from_softmax)
+            logits = gen_out.logits.float() / o.temperature  # (B, T, V)
+            u = torch.rand_like(logits)
+            sampled = torch.argmax(logits - torch.log(-torch.log(u + 1e-9) + 1e-9), dim=-1)
+        fake = torch.where(m.selected, sampled, ids)
+        replaced = fake != ids  # a sample equal to the original is labelled original
+        disc_out = self.disc(input_ids=fake, attention_mask=am, token_type_ids=tt, labels=replaced.long())
+        loss = o.gen_weight * gen_out.loss + o.disc_weight * disc_out.loss
+        return RefOutput(loss, gen_out.loss.detach(), gen_out.logits.detach(), disc_out.loss.detach(),
+                         disc_out.logits.detach(), replaced)
+
+    def step(self, micro_batches: list[dict[str, torch.Tensor]],
+             masks: Sequence[Masked] | None = None) -> list[RefOutput]:
+        """One optimizer step; each micro-batch masked by the objective's `mask` unless `masks` gives its mask.
+        Returns each micro-batch's outputs, detached."""
+        k = len(micro_batches)
+        outs = []
+        for i, b in enumerate(micro_batches):
             with self.autocast():
-                m = mask_tokens(ids, self.special, self.vocab_size, o.mask_prob, o.mask_token_prob, o.random_token_prob)
-                am, tt = b["attention_mask"], b["token_type_ids"]
-                gen_out = self.gen(input_ids=m.input_ids, attention_mask=am, token_type_ids=tt, labels=m.labels)
-                with torch.no_grad():  # Gumbel-max over all B x T positions (reference sample_from_softmax)
-                    logits = gen_out.logits.float() / o.temperature  # (B, T, V)
-                    u = torch.rand_like(logits)
-                    sampled = torch.argmax(logits - torch.log(-torch.log(u + 1e-9) + 1e-9), dim=-1)
-                fake = torch.where(m.selected, sampled, ids)
-                disc_out = self.disc(input_ids=fake, attention_mask=am, token_type_ids=tt, labels=(fake != ids).long())
-                loss = o.gen_weight * gen_out.loss + o.disc_weight * disc_out.loss
-            (loss / k).backward()
+                m = masks[i] if masks is not None else self.objective.mask(Batch(**b))
+                out = self.forward(b, m)
+            (out.loss / k).backward()
+            outs.append(out._replace(loss=out.loss.detach()))
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return outs

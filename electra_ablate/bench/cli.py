@@ -42,7 +42,7 @@ from electra_ablate.bench.sections_speed import (section_bert, section_compile, 
                                                  section_shapes)
 from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, NO_GPU_NOTE, PRECISIONS, PROBE_TAG, REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
-                                           log, machine_info)
+                                           log, machine_info, resolve_device)
 from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
 
@@ -88,10 +88,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     a = p.parse_args(argv)
     if a.probe is not None:
         return None, a.probe  # type: ignore[return-value]
-    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if a.device == "auto" else a.device))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BenchError("--device cuda, but torch sees no GPU; use --device cpu")
+    device = resolve_device(a.device)
     sections = tuple(x for x in a.sections.split(",") if x)
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:

@@ -69,6 +69,16 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
 
 
+def resolve_device(name: str) -> torch.device:
+    """--device: auto (cuda when torch sees a GPU, else cpu), cpu or cuda."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda, but torch sees no GPU; use --device cpu")
+    return device
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()
 
