@@ -22,9 +22,10 @@ from hydra.errors import MissingConfigException
 from electra_ablate.training import finetune_source, finetuning
 from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
+from electra_ablate.tracking import identity
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
-from electra_ablate.glue.system import FinetuneSystem, OptimSettings, layerwise_param_groups
+from electra_ablate.glue.system import FinetuneSystem, OptimSettings, layerwise_param_groups, pool
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -442,3 +443,32 @@ def test_bf16_mixed_with_fused_adamw_fine_tunes(store, tmp_path, bias_correction
     finetuning.run(cfg)
     (run,) = runs_of(client, exp)
     assert run.info.status == "FINISHED" and np.isfinite(run.data.metrics["final/score"])
+
+
+def test_mean_pooling_averages_the_real_tokens_and_cls_pooling_reads_the_first():
+    hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    assert torch.equal(pool(hidden, mask, "cls"), hidden[:, 0])
+    expected = torch.stack([hidden[0, :2].mean(0), hidden[1].mean(0)])
+    assert torch.allclose(pool(hidden, mask, "mean"), expected)
+
+
+def test_mean_pooling_is_recorded_and_leaves_cls_runs_identities_alone(store, tmp_path):
+    client, uri = store
+    cfg = config(tmp_path, uri, "pooling", "pretrained=none", "task=rte", f"glue_data.dir={FIXTURES}",
+                 "pooling=mean", *TINY_MODEL)
+    finetuning.run(cfg)
+    (run,) = runs_of(client, "pooling")
+    assert run.data.params["pooling"] == "mean"
+    plain = config(tmp_path, uri, "pooling", "pretrained=none", "task=rte", f"glue_data.dir={FIXTURES}", *TINY_MODEL)
+    assert "pooling" not in identity.identity(plain)  # the default is left out: older runs keep their hashes
+    assert identity.identity(cfg)["pooling"] == "mean"
+
+
+def test_an_unknown_pooling_is_refused_before_any_run(store, tmp_path):
+    client, uri = store
+    cfg = config(tmp_path, uri, "bad-pooling", "pretrained=none", "task=rte", f"glue_data.dir={FIXTURES}",
+                 "pooling=max", *TINY_MODEL)
+    with pytest.raises(finetune_source.FinetuneError, match=r"pooling='max' must be cls .* or mean"):
+        finetuning.run(cfg)
+    assert runs_of(client, "bad-pooling") == []

@@ -104,6 +104,18 @@ class OptimSettings(NamedTuple):
 # --- the system ----------------------------------------------------------------------------------------
 
 
+POOLINGS = ("cls", "mean")  # the `pooling` option: what the classifier reads
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """(B, H) sentence states from (B, T, H): the [CLS] state (the reference's `get_pooled_output`), or the mean
+    over the example's tokens ([CLS] and [SEP] included, padding left out)."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
 class ClassificationHead(nn.Module):
     """Dropout + one linear layer on the [CLS] state (reference `get_prediction_module`)."""
 
@@ -131,6 +143,7 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
         dev_labels: dict[str, np.ndarray],
         classifier_dropout: float = 0.1,
         log_every_n_steps: int = 50,
+        pooling: str = "cls",
     ):
         super().__init__()
         self.encoder = encoder
@@ -138,6 +151,7 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
         self.dev_labels = dev_labels  # {dev split: (N,) labels in dataset order}
         self.head = ClassificationHead(encoder.config.hidden_size, task.num_labels, classifier_dropout)
         self.optim = optim
+        self.pooling = pooling
         self.log_every_n_steps = log_every_n_steps
         self.dev_names = [s.name for s in task.dev_splits]
         # Where metrics go: (metrics, step) -> None, set by the entry point (MLflow). Train metrics use the
@@ -159,7 +173,7 @@ class FinetuneSystem(FusedClipping, pl.LightningModule):
 
     def forward(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)  # (B, T, H)
-        out = self.head(hidden[:, 0])  # (B, C)
+        out = self.head(pool(hidden, attention_mask, self.pooling))  # (B, C)
         return out.squeeze(-1) if self.task.is_regression else out  # (B,) for regression
 
     def example_losses(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

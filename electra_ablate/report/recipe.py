@@ -15,6 +15,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from electra_ablate.common.cli import CONF_DIR
+from electra_ablate.tracking.identity import NEW_KEY_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str
         "glue_data.max_seq_length": str(base.glue_data.max_seq_length),
         "glue_data.batch_size": str(base.glue_data.batch_size),
         "glue_data.max_train_examples": "None",
+        "pooling": str(base.pooling),
     }
 
 
@@ -55,14 +57,18 @@ SETTINGS = (
     Setting("batch size", "glue_data.batch_size"),
     Setting("warm-up fraction", "finetune_optim.warmup_fraction"),
     Setting("weight decay", "finetune_optim.weight_decay"),
+    Setting("sentence representation (cls = the final [CLS] state)", "pooling"),
 )
 
 
 def _values(runs: pd.DataFrame, param: str) -> list[str]:
+    """The values the runs logged for `param`; a run from before an option existed had its old behaviour, the
+    option's `NEW_KEY_DEFAULTS` value."""
     col = f"params.{param}"
-    if col not in runs:
-        return []
-    return sorted({str(v) for v in runs[col].dropna()})
+    logged = runs[col] if col in runs else pd.Series([None] * len(runs), index=runs.index, dtype=object)
+    if param in NEW_KEY_DEFAULTS:
+        logged = logged.where(logged.notna(), str(NEW_KEY_DEFAULTS[param]))
+    return sorted({str(v) for v in logged.dropna()})
 
 
 def _same(paper: str, ours: Sequence[str]) -> bool:

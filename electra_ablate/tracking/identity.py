@@ -95,6 +95,7 @@ NEW_KEY_DEFAULTS: dict[str, object] = {
     # Block layout options beyond the paper; these values are the paper's layout that runs had before.
     "model.layer_norm": "post",
     "model.linear_bias": True,
+    "pooling": "cls",  # fine-tuning's sentence representation: the reference's [CLS] state
 }
 
 

@@ -7,6 +7,7 @@ import math
 
 from omegaconf import DictConfig
 
+from electra_ablate.glue.system import POOLINGS
 from electra_ablate.training.finetune_source import FinetuneError
 
 
@@ -54,6 +55,9 @@ def validate(cfg: DictConfig) -> None:
     if o.loss_reduction not in ("sum", "mean"):
         raise FinetuneError(f"finetune_optim.loss_reduction={o.loss_reduction!r} must be sum (the reference "
                             "run_finetuning.py sums the per-example losses over the batch) or mean")
+    if cfg.pooling not in POOLINGS:
+        raise FinetuneError(f"pooling={cfg.pooling!r} must be cls (the paper: the final [CLS] state) or mean (the "
+                            "mean over the example's tokens)")
     for key in ("hidden", "attention", "classifier"):
         value = cfg.dropout[key]
         if not (isinstance(value, (int, float)) and 0 <= value < 1):

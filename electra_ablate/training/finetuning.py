@@ -221,6 +221,7 @@ def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, 
                    # Always shown, though the identity leaves them out at torch AdamW's values (true, mean).
                    "finetune_optim.bias_correction": str(optim.bias_correction),
                    "finetune_optim.loss_reduction": optim.loss_reduction,
+                   "pooling": str(cfg.pooling),
                    "resolved.train_examples": str(train_examples),
                    "runtime.resolved_precision": precision(cfg),
                    tracking.PARAM_VOCAB_SHA256: vocab_digest})
@@ -268,7 +269,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
     if cfg.runtime.compile:
         encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
     system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
-                            float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps))
+                            float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps), str(cfg.pooling))
     system.metrics_sink = run.log_metrics
     system.metrics_flush = run.flush  # after every epoch: a killed run's history reaches the store
     datamodule = GlueDataModule(
