@@ -3,6 +3,8 @@ pre-train and fine-tune, that the paper's layout keeps its run identities, and t
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,3 +95,22 @@ def test_paper_layout_keeps_identities_and_other_layouts_change_them(tmp_path, p
 def test_bad_layout_is_refused_before_compute(tmp_path, pretrain_cfg, override, message):
     problems = checks.value_problems(pretrain_cfg(tmp_path, override))
     assert any(message in p for p in problems), problems
+
+
+def test_pre_ln_fine_tunes_with_its_final_layer_norm_at_the_top_layers_rate():
+    from electra_ablate.glue import tasks as glue
+    from electra_ablate.glue.system import FinetuneSystem, OptimSettings
+    from electra_ablate.models.encoder import ElectraModel
+
+    config = EncoderConfig(**SIZES, layer_norm="pre")
+    optim = OptimSettings(1e-3, 0.5, True, (0.9, 0.999), 1e-6, 0.0, 0.1)
+    system = FinetuneSystem(ElectraModel(config), glue.TASKS["sst2"], optim, dev_labels={})
+    system._trainer = types.SimpleNamespace(estimated_stepping_batches=20)  # what configure_optimizers reads
+    groups = system.configure_optimizers()["optimizer"].param_groups
+    lr_of = {id(p): g["initial_lr"] for g in groups for p in g["params"]}
+    named = dict(system.named_parameters())
+    assert set(lr_of) == {id(p) for p in named.values()}  # every parameter has a rate
+    top = lr_of[id(named["encoder.encoder.layer.1.output.dense.weight"])]
+    assert lr_of[id(named["encoder.encoder.LayerNorm.weight"])] == top == pytest.approx(1e-3 * 0.5**2)
+    x = torch.randint(0, 50, (2, 5))
+    assert system(x, torch.ones_like(x), torch.zeros_like(x)).shape == (2, 2)

@@ -42,7 +42,8 @@ _LAYER = re.compile(r"^encoder\.encoder\.layer\.(\d+)\.")
 def layer_depth(name: str, n_layers: int, reference_off_by_one: bool) -> int:
     """Depth of a parameter of `FinetuneSystem` for layer-wise decay (reference `_get_layer_lrs`).
 
-    Embeddings (and their projection) are depth 0 and layer i is depth i + 1. The reference puts the task
+    Embeddings (and their projection) are depth 0 and layer i is depth i + 1 (a pre-LN encoder's final
+    LayerNorm goes with the top layer). The reference puts the task
     head at depth n_layers + 2, one more than the top layer + 1, so the top layer gets decay**2 and depth
     n_layers + 1 is never used; `reference_off_by_one=False` puts the head at n_layers + 1 instead.
     """
@@ -51,6 +52,8 @@ def layer_depth(name: str, n_layers: int, reference_off_by_one: bool) -> int:
     m = _LAYER.match(name)
     if m:
         return int(m.group(1)) + 1
+    if name.startswith("encoder.encoder.LayerNorm."):  # pre-LN's final LayerNorm: part of the top layer's output
+        return n_layers
     if name.startswith("head."):
         return n_layers + 2 if reference_off_by_one else n_layers + 1
     raise ValueError(f"no layer-wise learning-rate depth for parameter {name!r}")
