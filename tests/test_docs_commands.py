@@ -386,6 +386,18 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "trainer.max_steps=750 runtime.num_workers=0"):
         Smoke((*TINY_SHAPE, "data.max_docs=200", "data.batch_size=4", "optim.warmup_steps=1", "trainer.max_steps=3",
                "--log-every 1"), check=check_curve, slow=False),
+    ("python -m electra_ablate.pretrain model=tiny objective=bert data=wiki data.max_docs=40000 "
+     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=2e-3 optim.warmup_steps=120 "
+     "trainer.max_steps=6000 model.layer_norm=pre model.hidden_dropout_prob=0 model.attention_probs_dropout_prob=0 "
+     "'trainer.export_fractions=[0.0625,0.125,0.25,0.5]' runtime.num_workers=0 logger.experiment=pilots"):
+        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=4", "trainer.export_fractions=[0.5]"),
+              check=check_pretrained),
+    ("python -m electra_ablate.finetune -m pretrained=<pre-LN BERT pretrained/final> task=sst2 "
+     "glue_data.max_train_examples=4000 task.epochs=3 glue_data.max_seq_length=64 pooling=mean dropout.hidden=0 "
+     "dropout.attention=0 finetune_optim.lr=5e-4 seed=0,1,2 random_init=false,true runtime.num_workers=0 "
+     "logger.experiment=window"):
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<pre-LN BERT pretrained/final>": BERT_DIR},
+              check=check_lrprobe(random_init=True, jobs=1, experiment="window")),
     # docs/dashboard.md
     "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
         Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),
