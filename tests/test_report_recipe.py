@@ -38,3 +38,11 @@ def test_cpu_scale_settings_are_named_as_deviations():
 
 def test_no_runs_no_section():
     assert recipe_lines(pd.DataFrame(columns=["run_id", "task"]), pd.DataFrame()) == []
+
+
+def test_mean_pooling_is_a_deviation_and_runs_from_before_the_option_read_as_cls():
+    text = "\n".join(recipe_lines(*_runs(pooling="mean")))
+    assert "sentence representation (cls = the final [CLS] state): mean (paper: cls)" in text
+    older = "\n".join(recipe_lines(*_runs()))  # no `pooling` param logged: the [CLS] state they used
+    assert "| sentence representation (cls = the final [CLS] state) | cls | cls | |" in older
+    assert "These runs follow the paper's fine-tuning recipe." in older
