@@ -114,3 +114,28 @@ def test_pre_ln_fine_tunes_with_its_final_layer_norm_at_the_top_layers_rate():
     assert lr_of[id(named["encoder.encoder.LayerNorm.weight"])] == top == pytest.approx(1e-3 * 0.5**2)
     x = torch.randint(0, 50, (2, 5))
     assert system(x, torch.ones_like(x), torch.zeros_like(x)).shape == (2, 2)
+
+
+def _compose_pretrain(tmp_path, *overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from electra_ablate.common.cli import CONF_DIR
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("pretrain", overrides=[f"paths.output_dir={tmp_path}/run", *overrides])
+
+
+def test_the_cpu_regime_preset_is_pre_ln_without_dropout_and_its_name_is_a_label(tmp_path):
+    cfg = _compose_pretrain(tmp_path, "experiment=cpu_regime", "objective=bert")
+    assert (cfg.model.name, cfg.model.layer_norm, cfg.model.hidden_dropout_prob,
+            cfg.model.attention_probs_dropout_prob) == ("tiny", "pre", 0.0, 0.0)
+    assert (cfg.data.max_docs, cfg.data.train_vocab_size, cfg.data.max_seq_length, cfg.data.batch_size) == (
+        40000, 2000, 64, 128)
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.trainer.max_steps) == (2e-3, 120, 6000)
+    assert cfg.preset == "cpu_regime" and _compose_pretrain(tmp_path, "objective=bert").preset is None
+    spelt = _compose_pretrain(tmp_path, "objective=bert", "data=wiki", "model.layer_norm=pre",
+                              "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0",
+                              "data.max_docs=40000", "data.train_vocab_size=2000", "data.max_seq_length=64",
+                              "data.batch_size=128", "optim.lr=2e-3", "optim.warmup_steps=120",
+                              "trainer.max_steps=6000")
+    assert config_hash(spelt) == config_hash(cfg)  # the same settings spelt out are the same run
+    assert _compose_pretrain(tmp_path, "experiment=cpu_regime", "trainer.max_steps=10").trainer.max_steps == 10

@@ -472,3 +472,21 @@ def test_an_unknown_pooling_is_refused_before_any_run(store, tmp_path):
     with pytest.raises(finetune_source.FinetuneError, match=r"pooling='max' must be cls .* or mean"):
         finetuning.run(cfg)
     assert runs_of(client, "bad-pooling") == []
+
+
+def test_the_cpu_regime_recipe_is_recorded_and_its_settings_are_the_identity(store, tmp_path):
+    client, uri = store
+    cfg = config(tmp_path, uri, "recipe", "pretrained=none", "task=rte", f"glue_data.dir={FIXTURES}",
+                 "recipe=cpu_regime", *TINY_MODEL)
+    assert (cfg.pooling, cfg.dropout.hidden, cfg.dropout.attention, cfg.dropout.classifier) == ("mean", 0.0, 0.0, 0.1)
+    assert (cfg.glue_data.max_train_examples, cfg.glue_data.max_seq_length, cfg.finetune_optim.lr) == (4000, 64, 5e-4)
+    assert cfg.task.epochs == 10  # the task keeps its own epochs (paper Table 7: RTE 10)
+    finetuning.run(cfg)
+    (run,) = runs_of(client, "recipe")
+    assert run.data.params["preset"] == "cpu_regime" and run.data.params["dropout.hidden"] == "0.0"
+    spelt = config(tmp_path, uri, "recipe", "pretrained=none", "task=rte", f"glue_data.dir={FIXTURES}", "pooling=mean",
+                   "dropout.hidden=0.0", "dropout.attention=0.0", "glue_data.max_train_examples=4000",
+                   "finetune_optim.lr=5e-4", *TINY_MODEL)
+    assert identity.identity(spelt) == identity.identity(cfg)  # the preset's name is a label, not a setting
+    wins = config(tmp_path, uri, "recipe", "pretrained=none", "task=rte", "recipe=cpu_regime", "pooling=cls")
+    assert wins.pooling == "cls"  # the command line overrides the recipe

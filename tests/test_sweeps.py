@@ -24,7 +24,7 @@ from electra_ablate.models import flops
 from electra_ablate.models.encoder import EncoderConfig
 from electra_ablate.sweep.compose import SweepContext, config_text, fresh_hydra, make_context, quote, validate
 from electra_ablate.sweep.gpus import GpuSlot, _ALL_GPUS_ENV, gpu_candidates, visible_gpus
-from electra_ablate.sweep.jobs import FinetuneKey, PretrainJob
+from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
 
@@ -473,3 +473,21 @@ def test_a_finished_fine_tuning_run_counts_only_for_the_config_it_ran_with():
     assert matches({key: [new, old]}, key, "a" * 16) is old
     imported = FinetuneKey("variant:released", "", "sst2", 0)
     assert matches({imported._replace(step="7"): [new]}, imported, "b" * 16) is new  # an import's step is its own
+
+
+def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, data_dir):
+    ctx = context("cpu_regime", "tiny", tmp_path, data_dir)
+    electra, bert = (ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("electra", "bert"))
+    assert budget(bert) == pytest.approx(budget(electra), rel=0.01)  # the paper's FLOPs accounting
+    assert encoder(bert) == encoder(electra) and electra.data == bert.data
+    for cfg in (electra, bert):
+        assert (cfg.preset, cfg.model.layer_norm, cfg.model.hidden_dropout_prob) == ("cpu_regime", "pre", 0.0)
+        assert list(cfg.trainer.export_fractions) == [0.125, 0.25, 0.5]  # the curve's checkpoints
+    assert bert.trainer.max_steps == 6000
+    assert ctx.spec.variant("none").random_init_of == "bert"
+    ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
+    ctx.write_finetune_config(ckpt)
+    ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
+    assert (ft.preset, ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("cpu_regime", "mean", 0.0, 4000)
+    spec = load_sweep("cpu_regime")
+    assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5

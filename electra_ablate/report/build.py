@@ -29,7 +29,7 @@ from electra_ablate.report.figures import generator_size_figure, glue_figure, le
 from electra_ablate.report.markdown import TASK_NAMES, render
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.provenance import provenance
-from electra_ablate.report.recipe import recipe_lines
+from electra_ablate.report.recipe import pretrain_recipe_lines, recipe_lines
 from electra_ablate.report.stats import Summary, summarize
 from electra_ablate.sweep.compose import SweepContext, context_from_cfg
 from electra_ablate.tracking import runs as tracking
@@ -69,7 +69,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
     results = verdicts.verdicts(ctx.spec, final, client, load_paper_results(), predictions=data.predictions)
-    closing = recipe_lines(final, data.frame) + verdicts.render(results)
+    closing = pretrain_recipe_lines(data.pretrain) + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]

@@ -43,6 +43,7 @@ def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str
         "glue_data.batch_size": str(base.glue_data.batch_size),
         "glue_data.max_train_examples": "None",
         "pooling": str(base.pooling),
+        **{f"dropout.{k}": f"{base.dropout[k]:g}" for k in ("hidden", "attention", "classifier")},
     }
 
 
@@ -58,6 +59,9 @@ SETTINGS = (
     Setting("warm-up fraction", "finetune_optim.warmup_fraction"),
     Setting("weight decay", "finetune_optim.weight_decay"),
     Setting("sentence representation (cls = the final [CLS] state)", "pooling"),
+    Setting("encoder dropout, hidden", "dropout.hidden"),
+    Setting("encoder dropout, attention", "dropout.attention"),
+    Setting("classifier dropout", "dropout.classifier"),
 )
 
 
@@ -105,13 +109,61 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
         rows.append(f"| {s.name} | {paper[s.param]} | {shown} |{' **deviation**' if differs else ''} |")
         if differs:
             deviations.append(f"{s.name}: {shown} (paper: {paper[s.param]})")
+    presets = [p for p in _values(runs, "preset") if p != "None"]
+    named = (f" They were configured from the named recipe {', '.join(f'`{p}`' for p in presets)} "
+             f"({', '.join(f'conf/recipe/{p}.yaml' for p in presets)}), which says why it departs from the paper."
+             if presets else "")
     out = ["## Fine-tuning recipe", "",
            "What the runs in the tables were fine-tuned with, beside the paper's recipe (Table 7 and the reference's "
-           "run_finetuning.py: the project's defaults).", "",
+           f"run_finetuning.py: the project's defaults).{named}", "",
            "| setting | paper | these runs | |", "|---|---|---|---|", *rows, ""]
     if deviations:
         out += ["Declared deviations from the paper's fine-tuning recipe (the sweep file sets them for this scale; "
                 "docs/cpu_scale.md says why): " + "; ".join(deviations) + ".", ""]
     else:
         out += ["These runs follow the paper's fine-tuning recipe.", ""]
+    return out
+
+
+# Pre-training: the encoder layout the runs were pre-trained with, beside the paper's (conf/model/small.yaml
+# holds the paper's block: post-LayerNorm, dropout 0.1, linear biases; paper Table 6 and the reference's
+# modeling.py). Options beyond it are the pilots' levers for small budgets (docs/cpu_scale.md).
+PRETRAIN_SETTINGS = (
+    Setting("LayerNorm placement (post = BERT's and ELECTRA's block)", "model.layer_norm"),
+    Setting("hidden dropout", "model.hidden_dropout_prob"),
+    Setting("attention dropout", "model.attention_probs_dropout_prob"),
+    Setting("linear biases", "model.linear_bias"),
+)
+
+
+def _paper_model() -> dict[str, str]:
+    small = OmegaConf.load(CONF_DIR / "model" / "small.yaml")
+    return {s.param: str(small[s.param.split(".", 1)[1]]) for s in PRETRAIN_SETTINGS}
+
+
+def pretrain_recipe_lines(pretrain_states) -> list[str]:
+    """The "Pre-training recipe" section: the encoder layout of the report's pre-training runs against the
+    paper's, each difference named as a deviation, and the named preset they came from; [] without runs."""
+    params = [s.run.data.params for s in pretrain_states if s.run is not None]
+    if not params:
+        return []
+    runs = pd.DataFrame([{f"params.{k}": v for k, v in p.items()} for p in params])
+    paper = _paper_model()
+    rows, deviations = [], []
+    for s in PRETRAIN_SETTINGS:
+        ours = _values(runs, s.param)
+        differs = bool(ours) and not _same(paper[s.param], ours)
+        rows.append(f"| {s.name} | {paper[s.param]} | {', '.join(ours) or 'not logged'} |"
+                    f"{' **deviation**' if differs else ''} |")
+        if differs:
+            deviations.append(f"{s.name}: {', '.join(ours)} (paper: {paper[s.param]})")
+    presets = [p for p in _values(runs, "preset") if p != "None"]
+    named = (f" They were configured from the named preset {', '.join(f'`{p}`' for p in presets)} "
+             f"({', '.join(f'conf/experiment/{p}.yaml' for p in presets)}), which says why."
+             if presets else "")
+    out = ["## Pre-training recipe", "",
+           f"The encoder block the pre-trained arms used, beside the paper's (Table 6; the reference's modeling.py).{named}",
+           "", "| setting | paper | these runs | |", "|---|---|---|---|", *rows, ""]
+    if deviations:
+        out += ["Declared deviations from the paper's pre-training recipe: " + "; ".join(deviations) + ".", ""]
     return out

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 # Config groups and keys that change speed, placement or bookkeeping, never the result (see cramming's
 # "impl" group): they are left out of the run identity.
-IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep", "run_name")
+IDENTITY_EXCLUDE = ("paths", "logger", "runtime", "hydra", "sweep", "run_name", "preset")
 TRAINER_IDENTITY_EXCLUDE = (
     "accelerator",
     "devices",

@@ -222,6 +222,7 @@ def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, 
                    "finetune_optim.bias_correction": str(optim.bias_correction),
                    "finetune_optim.loss_reduction": optim.loss_reduction,
                    "pooling": str(cfg.pooling),
+                   "preset": str(cfg.get("preset")),  # the named recipe, if any (not part of the identity)
                    "resolved.train_examples": str(train_examples),
                    "runtime.resolved_precision": precision(cfg),
                    tracking.PARAM_VOCAB_SHA256: vocab_digest})
