@@ -78,6 +78,8 @@ PRETRAIN_VALUES = {
                                   r"objective.position_sampling='uniform' must be one of without_replacement, reference"),
     "disallow correct not a flag": (["objective.disallow_correct=maybe"],
                                     r"objective.disallow_correct='maybe' must be true or false"),
+    "cpu attention unknown": (["runtime.cpu_attention=flash"],
+                              r"runtime.cpu_attention='flash' must be math \(attention written out on CPU"),
     "required key unset": (["data=text_files"],
                            r"data.paths has no value \(\?\?\? in conf/data/\): give it, e.g. data.paths=\.\.\. on the"),
 }
@@ -240,6 +242,8 @@ FINETUNE_VALUES = {
     "max steps zero": (["trainer.max_steps=0"], r"trainer.max_steps=0 must be -1 \(train for task.epochs\) or a positive"),
     "classifier dropout one": (["dropout.classifier=1.0"], r"dropout.classifier=1.0 must be in \[0, 1\)"),
     "sequence length zero": (["glue_data.max_seq_length=0"], r"glue_data.max_seq_length=0 must be a positive integer"),
+    "cpu attention unknown": (["runtime.cpu_attention=flash"],
+                              r"runtime.cpu_attention='flash' must be math \(attention written out on CPU"),
 }
 
 

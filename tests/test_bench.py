@@ -6,6 +6,7 @@ swapping it in changes no state-dict key and no eval-mode output. No test assert
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import pytorch_lightning as pl
@@ -263,6 +264,26 @@ def test_fast_attention_is_sdpa_with_the_fast_mask():
     assert torch.allclose(dropped, expected, atol=1e-5)
 
 
+def test_written_out_attention_without_dropout_matches_torch_sdpa_in_value_and_gradient():
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(2, 1, 1, 16)
+    bias[1, ..., 11:] = torch.finfo(torch.float32).min
+    ours = fast.written_out_without_dropout(q, k, v, bias, 0.0)
+    (g_ours,) = torch.autograd.grad(ours.square().sum(), q)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), q)
+    assert torch.allclose(ours, ref, atol=1e-6) and torch.allclose(g_ours, g_ref, atol=1e-5)
+    # with dropout and torch's masks (fine-tuning's choice) it is torch's SDPA itself
+    torch.manual_seed(7)
+    a = fast.written_out_without_dropout(q, k, v, bias, 0.3)
+    torch.manual_seed(7)
+    assert torch.equal(a, F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.3))
+    assert fast.attention_function(False, "sdpa") is F.scaled_dot_product_attention
+    with pytest.raises(ValueError, match=r"runtime.cpu_attention='flash' must be one of math, sdpa"):
+        fast.attention_function(True, "flash")
+
+
 def test_switching_to_fast_dropout_changes_no_key_and_no_eval_output():
     torch.manual_seed(5)
     net = ElectraForPretraining(EncoderConfig(vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
@@ -276,8 +297,29 @@ def test_switching_to_fast_dropout_changes_no_key_and_no_eval_output():
     dropouts = [m for m in net.modules() if isinstance(m, torch.nn.Dropout)]
     assert dropouts and all(type(m) is fast.FastDropout and m.p == 0.1 for m in dropouts)
     assert all(a.sdpa is fast.scaled_dot_product_attention for a in net.modules() if hasattr(a, "dropout_p"))
+    # Evaluation has no dropout: the attention is the same math written out (cpu_attention=math), equal to
+    # torch's fused kernel up to rounding; with cpu_attention=sdpa it is that kernel, bit for bit.
+    assert torch.allclose(net(ids, mask), before, atol=1e-5)
+    fast.set_fast_dropout(net, True, cpu_attention="sdpa")
     assert torch.equal(net(ids, mask), before)
     net.train()
     assert not torch.equal(net(ids, mask), before)  # dropout is live in training mode
     fast.set_fast_dropout(net, False)
     assert all(type(m) is torch.nn.Dropout for m in net.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_throughput_section_times_both_attention_paths_and_every_layout(tmp_path, data_dir):
+    out = tmp_path / "throughput.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "throughput", "--override", "data.batch_size=8",
+            *[x for o in TINY for x in ("--override", o)]]
+    rep = cli.main(argv)
+    attention = [r for r in rep.throughput if r["kind"] == "attention"]
+    assert {(r["objective"], r["attention"]) for r in attention} == {(o, a) for o in ("bert", "electra")
+                                                                      for a in ("sdpa", "math")}
+    assert all(r["batch"] == (8, 64) and r["tokens_per_s"] > 0 for r in attention)  # the experiment's length, 8 rows
+    layouts = [r for r in rep.throughput if r["kind"] == "layout"]
+    cores = os.cpu_count() or 1
+    assert [(r["jobs"], r["threads"]) for r in layouts] == ([(1, 1), (cores, 1), (1, cores)] if cores > 1 else [(1, 1)])
+    assert all(len(r["per_job"]) == r["jobs"] and r["tokens_per_cpu_hour"] > 0 for r in layouts)
+    assert "## Tokens per CPU-hour at the sweep's shape" in out.read_text()

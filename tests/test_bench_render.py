@@ -115,3 +115,27 @@ def test_render_is_unchanged_for_fixed_measurements(monkeypatch, device):
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))  # `auto` -> 32-true on any CPU
     expected = (FIXTURES / f"bench_render_{device}.md").read_text(encoding="utf-8")
     assert render(fixed_report(Settings, Report, device)) == expected
+
+
+def test_throughput_section_gives_each_attention_path_and_layout_per_cpu_hour(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2"}))
+    rep = fixed_report(Settings, Report, "cpu")
+    rep.throughput = [
+        {"kind": "attention", "objective": "bert", "attention": "sdpa", "step_s": 0.5, "tokens_per_s": 8192 / 0.5,
+         "batch": (128, 64)},
+        {"kind": "attention", "objective": "bert", "attention": "math", "step_s": 0.4, "tokens_per_s": 8192 / 0.4,
+         "batch": (128, 64)},
+        {"kind": "layout", "layout": "one 1-thread job", "jobs": 1, "threads": 1, "per_job": [20000.0],
+         "tokens_per_s": 20000.0, "tokens_per_cpu_hour": 7.2e7, "cores_used": 1},
+        {"kind": "layout", "layout": "2 1-thread jobs side by side", "jobs": 2, "threads": 1,
+         "per_job": [15000.0, 14000.0], "tokens_per_s": 29000.0, "tokens_per_cpu_hour": 29000.0 * 1800,
+         "cores_used": 2},
+    ]
+    text = render(rep)
+    section = text.split("## Tokens per CPU-hour at the sweep's shape")[1].split("## Notes")[0]
+    assert "`experiment=cpu_regime` (conf/experiment/cpu_regime.yaml" in section
+    assert "| bert | 128 x 64 | sdpa | 0.500 | 16384 | 58.98 M | 1.00x |" in section
+    assert "| bert | 128 x 64 | math | 0.400 | 20480 | 73.73 M | 1.25x |" in section
+    assert "| 2 1-thread jobs side by side | 15000, 14000 | 29000 | 52.20 M | 0.72x |" in section
+    rep.throughput = []
+    assert "Tokens per CPU-hour" not in render(rep)  # a run without the section renders none

@@ -277,6 +277,27 @@ def write_cpu_evidence_2x2(tmp: Path) -> None:
     (tmp / "cpu_evidence.yaml").write_text(text)
 
 
+def write_cpu_regime_2x2(tmp: Path) -> None:
+    """sweeps/cpu_regime.yaml with 2 pre-training and 2 fine-tuning seeds and one intermediate checkpoint (at
+    half of the smoke's 2 steps): the same presets, arms and report."""
+    text = (REPO / "sweeps" / "cpu_regime.yaml").read_text()
+    text, n = re.subn(r"^seeds: \[.*\]$", "seeds: [0, 1]", text, flags=re.M)
+    text, m = re.subn(r"^pretrain_seeds: \[.*\]$", "pretrain_seeds: [0, 1]", text, flags=re.M)
+    text, k = re.subn(r"^checkpoints: \[.*\]$", "checkpoints: [0.5, 1.0]", text, flags=re.M)
+    assert n == m == k == 1, "sweeps/cpu_regime.yaml no longer sets seeds, pretrain_seeds and checkpoints at the top"
+    (tmp / "cpu_regime.yaml").write_text(text)
+
+
+def check_regime_report(result: Result, runner: Runner) -> None:
+    """The cpu_regime report: every arm, and both recipe sections naming the presets and their deviations."""
+    check_report("cpu_regime", ("bert", "electra", "none"))(result, runner)
+    text = (result.tmp / "reports" / "cpu_regime.md").read_text()
+    assert "named preset `cpu_regime` (conf/experiment/cpu_regime.yaml)" in section(text, "Pre-training recipe")
+    assert "LayerNorm placement (post = BERT's and ELECTRA's block): pre (paper: post)" in text
+    assert "named recipe `cpu_regime` (conf/recipe/cpu_regime.yaml)" in section(text, "Fine-tuning recipe")
+    assert "sentence representation (cls = the final [CLS] state): mean (paper: cls)" in text
+
+
 # --- the tables ---------------------------------------------------------------------------------------------
 
 PRETRAIN_SMALL = ("python -m electra_ablate.pretrain objective=electra sharing=embeddings model=small "
@@ -303,6 +324,10 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
               replace={"sweep=cpu_evidence": "sweep={tmp}/cpu_evidence.yaml"}, setup=write_cpu_evidence_2x2,
               check=check_report("cpu_evidence", ("electra", "bert", "none"))),
+    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime hydra/launcher=joblib hydra.launcher.n_jobs=2":
+        Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
+              replace={"sweep=cpu_regime": "sweep={tmp}/cpu_regime.yaml"}, setup=write_cpu_regime_2x2,
+              check=check_regime_report),
     # README: the paper's sweeps on GPUs and clusters
     "python -m electra_ablate.sweep sweep=table5_efficiency scale=base hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8":
         Skip(GPU + " (8, one job per GPU)"),
@@ -398,6 +423,10 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "logger.experiment=window"):
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<pre-LN BERT pretrained/final>": BERT_DIR},
               check=check_lrprobe(random_init=True, jobs=1, experiment="window")),
+    "OMP_NUM_THREADS=1 python -m electra_ablate.pretrain experiment=cpu_regime objective=bert":
+        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
+    "python -m electra_ablate.finetune -m recipe=cpu_regime pretrained=<run id> task=sst2 seed=0,1,2,3,4":
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<run id>": RUN_ID}, check=check_finetuned(("sst2", 0))),
     # docs/dashboard.md
     "python scripts/dashboard_check.py --out docs/dashboard_runs.png":
         Skip("needs headless Chromium (apt-get install chromium), and writes a figure of the docs"),

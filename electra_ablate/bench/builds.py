@@ -39,12 +39,14 @@ from electra_ablate.training import build, checks
 from electra_ablate.training.system import PretrainSystem
 
 
-def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None = None) -> DictConfig:
-    """The real pre-training config (conf/pretrain.yaml) for one benchmark configuration."""
+def compose_config(s: Settings, model: str, *extra: str, batch_size: int | None = None,
+                   keep_shape: bool = False) -> DictConfig:
+    """The real pre-training config (conf/pretrain.yaml) for one benchmark configuration; `keep_shape`: the batch
+    and sequence length of the config (an `experiment=` in `extra`), not the bench's --batch-size / --seq-len."""
+    shape = [] if keep_shape else [f"data.batch_size={batch_size or s.batch_size}", f"data.max_seq_length={s.seq_len}"]
     overrides = [
         f"model={model}",
-        f"data.batch_size={batch_size or s.batch_size}",
-        f"data.max_seq_length={s.seq_len}",
+        *shape,
         "runtime.num_workers=0",
         "runtime.compile=false",  # compiled separately, with its compile time measured
         f"paths.root_dir={REPO}",
@@ -114,6 +116,7 @@ class FastPath:
     attention_dropout: bool = True  # attention with fast dropout masks (CPU); else torch SDPA's own
     fused_adam: bool = False
     compile: bool = False
+    cpu_attention: str = "math"  # without dropout: attention written out on CPU, or torch's fused SDPA ("sdpa")
 
     @classmethod
     def from_runtime(cls, cfg: DictConfig, device: torch.device) -> FastPath:
@@ -124,6 +127,7 @@ class FastPath:
             attention_dropout=bool(cfg.runtime.fast_dropout),
             # auto: as PretrainSystem resolves fused_adam=None (torch's fused kernel on CUDA)
             fused_adam=device.type == "cuda" if fused == "auto" else bool(fused),
+            cpu_attention=str(cfg.runtime.cpu_attention),
         )
 
 
@@ -155,7 +159,7 @@ class OursRunner:
         model, generator, objective = build.build_networks(cfg, data.dm, data.special)
         for net in (model, generator):
             if isinstance(net, torch.nn.Module):
-                fast.set_fast_dropout(net, fp.hidden_dropout, fp.attention_dropout)
+                fast.set_fast_dropout(net, fp.hidden_dropout, fp.attention_dropout, fp.cpu_attention)
         objective.sampler = fp.sampler
         if not fp.masked_only_logits and isinstance(generator, ElectraForPretraining):
             all_positions_logits(generator)

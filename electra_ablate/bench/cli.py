@@ -15,7 +15,8 @@ step (paper accounting, `electra_ablate.models.flops`, and the FLOPs actually ex
 weights and corrupted batch must give the same losses and gradients), each fast-path piece on/off,
 `torch.compile`, BERT vs ELECTRA step time, fine-tuning examples/s, the data loader alone, the operations
 in a training step that would make a CUDA device synchronise with the host, and a cold corpus build (word
-pieces/s of `data=text_files`, section `build`).
+pieces/s of `data=text_files`, section `build`), and tokens per CPU-hour at a sweep's own shape by attention path
+and process layout (section `throughput`).
 
 The package keeps measuring and writing apart: `settings` (what a run is asked, the machine, the `Report` every
 section fills), `builds` (the two networks and the batches), `measure` (timing, FLOPs, syncs, memory), one
@@ -38,6 +39,7 @@ from electra_ablate.bench.measure import memory_probe
 from electra_ablate.bench.render import render
 from electra_ablate.bench.sections_checks import section_equal, section_memory, section_sync
 from electra_ablate.bench.sections_pipeline import section_build, section_data, section_finetune
+from electra_ablate.bench.sections_throughput import section_throughput, throughput_probe
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
 from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, NO_GPU_NOTE, PRECISIONS, PROBE_TAG, REPO, SECTIONS,
@@ -52,6 +54,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         prog="python -m electra_ablate.bench", description=__doc__.split("\n\n")[0],
         epilog="examples:\n  python -m electra_ablate.bench --models tiny,small\n"
         "  python -m electra_ablate.bench --models tiny --sections build --out reports/benchmarks_corpus_build.md\n"
+        "  python -m electra_ablate.bench --models tiny --sections throughput --out reports/benchmarks_throughput.md\n"
         "  python -m electra_ablate.bench --quick --models tiny --out /tmp/bench.md",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="tiny,small", help="conf/model options, comma-separated (default tiny,small)")
@@ -84,6 +87,8 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p.add_argument("--build-workers", type=int, default=None, help="tokenizer processes in the corpus-build section "
                                                                    "(default: --threads)")
     p.add_argument("--build-max-docs", type=int, default=None, help="stop the corpus build after this many documents")
+    p.add_argument("--throughput-experiment", default="cpu_regime",
+                   help="conf/experiment option whose shape the throughput section times (default cpu_regime)")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.probe is not None:
@@ -120,7 +125,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         compile_models=tuple(x for x in a.compile_models.split(",") if x), accumulate=a.accumulate, command=command,
         precisions=precisions,
         build_paths=tuple(x for x in a.build_paths.split(",") if x), build_workers=a.build_workers or a.threads,
-        build_max_docs=a.build_max_docs,
+        build_max_docs=a.build_max_docs, throughput_experiment=a.throughput_experiment,
     )
     return s, a.out
 
@@ -152,6 +157,8 @@ def run(s: Settings) -> Report:
             section_memory(s, rep, model)
     if "build" in s.sections:
         section_build(s, rep)
+    if "throughput" in s.sections:
+        section_throughput(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "
@@ -170,7 +177,9 @@ def run(s: Settings) -> Report:
 def main(argv: list[str] | None = None) -> Report | None:
     s, out = parse_args(argv)
     if s is None:  # --probe: one memory measurement in this fresh process
-        print(PROBE_TAG + json.dumps(memory_probe(json.loads(out))), flush=True)
+        spec = json.loads(out)
+        probe = throughput_probe if spec.get("kind") == "throughput" else memory_probe
+        print(PROBE_TAG + json.dumps(probe(spec)), flush=True)
         return None
     rep = run(s)
     write_text(out, render(rep))

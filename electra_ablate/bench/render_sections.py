@@ -270,6 +270,37 @@ def corpus_build(rep: Report) -> list[str]:
     return L
 
 
+def throughput(rep: Report) -> list[str]:
+    attention = [r for r in rep.throughput if r["kind"] == "attention"]
+    layouts = [r for r in rep.throughput if r["kind"] == "layout"]
+    if not rep.throughput:
+        return []
+    exp = rep.settings.throughput_experiment
+    L = ["## Tokens per CPU-hour at the sweep's shape", "",
+         f"Pre-training steps of `experiment={exp}` (conf/experiment/{exp}.yaml; batch x sequence as below), at the "
+         "runtime default precision. Attention: torch's fused SDPA against the same math written out "
+         "(`runtime.cpu_attention`), interleaved step by step on the same batches, one thread; sdpa / this > 1: "
+         "written out is faster.", "",
+         "| objective | batch | `cpu_attention` | s/step | tokens/s | tokens per CPU-hour | sdpa / this |",
+         "|---|---|---|---|---|---|---|"]
+    base = {r["objective"]: r["step_s"] for r in attention if r["attention"] == "sdpa"}
+    for r in attention:
+        L.append(f"| {r['objective']} | {r['batch'][0]} x {r['batch'][1]} | {r['attention']} | {fmt(r['step_s'])} | "
+                 f"{r['tokens_per_s']:.0f} | {si(r['tokens_per_s'] * 3600)} | {base[r['objective']] / r['step_s']:.2f}x |")
+    if layouts:
+        one = layouts[0]["tokens_per_cpu_hour"]
+        L += ["", "Process layouts (BERT, `cpu_attention=math`): fresh processes that build, warm up, wait for each "
+              "other and then time the same steps together. Tokens per CPU-hour = the layout's tokens/s x 3600 / "
+              "the cores it occupies.", "",
+              "| layout | tokens/s per job | tokens/s, all jobs | tokens per CPU-hour | / one 1-thread job |",
+              "|---|---|---|---|---|"]
+        for r in layouts:
+            L.append(f"| {r['layout']} | {', '.join(f'{x:.0f}' for x in r['per_job'])} | {r['tokens_per_s']:.0f} | "
+                     f"{si(r['tokens_per_cpu_hour'])} | {r['tokens_per_cpu_hour'] / one:.2f}x |")
+    L.append("")
+    return L
+
+
 def notes(rep: Report) -> list[str]:
     if not rep.notes:
         return []

@@ -53,6 +53,7 @@ class Settings:
     build_paths: tuple[str, ...] = ()
     build_workers: int = 0
     build_max_docs: int | None = None
+    throughput_experiment: str = "cpu_regime"  # the conf/experiment whose shape the throughput section times
 
 
 # The precisions the benchmark knows how to run (as Lightning names them; `builds.autocast`).
@@ -66,7 +67,8 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
     return PRECISIONS if device_type == "cpu" and auto == precision_lib.BF16 else (auto,)
 
 
-SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build")
+SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
+            "throughput")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -118,6 +120,7 @@ class Report:
     memory: list[dict] = field(default_factory=list)
     syncs: list[dict] = field(default_factory=list)
     build: list[dict] = field(default_factory=list)
+    throughput: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 

@@ -13,12 +13,15 @@ independence). The mask is kept as one byte per element for the backward pass (t
 
 Attention-probability dropout lives inside `F.scaled_dot_product_attention`; on CPU, SDPA with dropout runs
 its unfused math path and draws the mask with `bernoulli_` anyway, so with fast dropout on CPU the same
-math is written out (softmax(Q K^T / sqrt(d) + bias), dropout, times V) with the cheap mask. On CUDA both
-fall back to torch: its dropout and flash/memory-efficient SDPA kernels draw their masks in-kernel (Philox).
+math is written out (softmax(Q K^T / sqrt(d) + bias), dropout, times V) with the cheap mask. Without dropout
+it is written out too (`runtime.cpu_attention=math`), because torch's fused CPU kernel is the slower there
+(`_attention`). On CUDA both fall back to torch: its dropout and flash/memory-efficient SDPA kernels draw
+their masks in-kernel (Philox).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -90,27 +93,47 @@ class FastDropout(nn.Dropout):
         return fast_dropout(x, self.p, self.training)
 
 
-def scaled_dot_product_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-) -> torch.Tensor:
-    """`F.scaled_dot_product_attention` whose attention-probability dropout uses `fast_dropout` on CPU.
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+               dropout_p: float = 0.0, *, fast_masks: bool, written_out: bool) -> torch.Tensor:
+    """SDPA's signature and result. On CPU the math is written out (softmax(Q K^T / sqrt(d) + bias), dropout,
+    times V) when dropout is on and `fast_masks` (its mask from `fast_dropout`), or when dropout is off and
+    `written_out`; otherwise, and always on CUDA, it is torch's `F.scaled_dot_product_attention`.
 
-    q, k, v: (B, nh, T, hd); attn_mask: additive, broadcastable to (B, nh, T, T). Without dropout, or on
-    CUDA, this is torch's SDPA (fused kernels); on CPU with dropout, SDPA's math path written out.
+    Why written out without dropout: torch's fused CPU kernel (flash attention for CPU) is slow in backward at
+    the small head sizes of the tiny and Small models: at the cpu_regime shape (4 x 128, 2 heads of 64,
+    sequence 64, batch 128, one thread, bf16-mixed) it took 29% of a BERT step (torch.profiler), and writing
+    it out made the step 1.33x faster (ELECTRA 1.45x, Small at sequence 128 1.29x; `runtime.cpu_attention`).
+    q, k, v: (B, nh, T, hd); attn_mask: additive, broadcastable to (B, nh, T, T).
     """
-    if dropout_p == 0.0 or q.device.type != "cpu":
+    on_cpu = q.device.type == "cpu"
+    if not on_cpu or not ((dropout_p and fast_masks) or (not dropout_p and written_out)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, nh, T, T)
     if attn_mask is not None:
         scores = scores + attn_mask
-    return fast_dropout(scores.softmax(dim=-1), dropout_p) @ v  # (B, nh, T, hd)
+    probs = scores.softmax(dim=-1)
+    return (fast_dropout(probs, dropout_p) if dropout_p else probs) @ v  # (B, nh, T, hd)
 
 
-def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = None) -> nn.Module:
+# The attention functions `set_fast_dropout` installs, by (fast masks, written out without dropout).
+scaled_dot_product_attention = functools.partial(_attention, fast_masks=True, written_out=True)
+fast_masks_fused_without_dropout = functools.partial(_attention, fast_masks=True, written_out=False)
+written_out_without_dropout = functools.partial(_attention, fast_masks=False, written_out=True)
+CPU_ATTENTION = ("math", "sdpa")  # runtime.cpu_attention: written out without dropout, or torch's fused kernel
+
+
+def attention_function(fast_masks: bool, cpu_attention: str):
+    """The attention an `ElectraSelfAttention` gets for these runtime choices (see `_attention`)."""
+    if cpu_attention not in CPU_ATTENTION:
+        raise ValueError(f"runtime.cpu_attention={cpu_attention!r} must be one of {', '.join(CPU_ATTENTION)}")
+    written_out = cpu_attention == "math"
+    return {(True, True): scaled_dot_product_attention, (True, False): fast_masks_fused_without_dropout,
+            (False, True): written_out_without_dropout,
+            (False, False): F.scaled_dot_product_attention}[(fast_masks, written_out)]
+
+
+def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = None,
+                     cpu_attention: str = "math") -> nn.Module:
     """Switch the dropouts of `module` between torch's and the fast one, in place.
 
     `enabled` covers the `nn.Dropout` children (hidden dropout); `attention` (default: same as `enabled`)
@@ -125,7 +148,7 @@ def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = 
             elif not enabled and type(child) is FastDropout:
                 setattr(parent, name, nn.Dropout(child.p).train(child.training))
         if isinstance(parent, ElectraSelfAttention):
-            parent.sdpa = scaled_dot_product_attention if attention else F.scaled_dot_product_attention
+            parent.sdpa = attention_function(bool(attention), cpu_attention)
     return module
 
 
@@ -134,6 +157,7 @@ def apply_runtime(runtime, *modules: nn.Module | None) -> None:
 
     `runtime.fast_dropout`: hidden and attention dropout draw their masks from 16-bit random lanes on CPU
     (module docstring); on CUDA the modules defer to torch, so the setting is harmless there.
+    `runtime.cpu_attention`: without dropout, CPU attention written out (math) or torch's fused SDPA (sdpa).
     `runtime.compile`: `nn.Module.compile()` on each network with parameters (in place, so parameter names and
     state-dict keys do not change); the compile happens in the first steps, which `CompileTimer` logs.
     Non-neural generators (no dropout, no parameters) and None pass through unchanged.
@@ -141,7 +165,7 @@ def apply_runtime(runtime, *modules: nn.Module | None) -> None:
     for module in modules:
         if not isinstance(module, nn.Module):
             continue
-        set_fast_dropout(module, bool(runtime.fast_dropout))
+        set_fast_dropout(module, bool(runtime.fast_dropout), cpu_attention=str(runtime.cpu_attention))
         if runtime.compile and any(True for _ in module.parameters()):
             module.compile()
 

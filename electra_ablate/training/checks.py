@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from electra_ablate.common.values import is_integer as _integer
 from electra_ablate.common.values import is_number as _number
 from electra_ablate.models.encoder import LAYER_NORMS
+from electra_ablate.models.fast import CPU_ATTENTION
 
 # The config groups whose `_target_` class carries its own constraints (`config_problems(cfg)`).
 AXES = ("objective", "generator", "sharing", "weighting", "algorithm")
@@ -43,6 +44,8 @@ def value_problems(cfg: DictConfig) -> list[str]:
     need(len(o.betas) == 2 and all(_number(b) and 0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas),
          "must be two numbers in [0, 1) (the paper: [0.9, 0.999])")
     need(_integer(t.max_steps) and t.max_steps > 0, "trainer.max_steps", t.max_steps, "must be a positive number of steps")
+    need(cfg.runtime.cpu_attention in CPU_ATTENTION, "runtime.cpu_attention", cfg.runtime.cpu_attention,
+         "must be math (attention written out on CPU, the faster there) or sdpa (torch's fused kernel)")
     need(_integer(o.warmup_steps) and o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps,
          "must be a number of steps >= 0")
     if _integer(o.warmup_steps) and _integer(t.max_steps) and t.max_steps > 0 and o.warmup_steps > t.max_steps:

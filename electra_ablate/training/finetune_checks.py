@@ -8,6 +8,7 @@ import math
 from omegaconf import DictConfig
 
 from electra_ablate.glue.system import POOLINGS
+from electra_ablate.models.fast import CPU_ATTENTION
 from electra_ablate.training.finetune_source import FinetuneError
 
 
@@ -55,6 +56,9 @@ def validate(cfg: DictConfig) -> None:
     if o.loss_reduction not in ("sum", "mean"):
         raise FinetuneError(f"finetune_optim.loss_reduction={o.loss_reduction!r} must be sum (the reference "
                             "run_finetuning.py sums the per-example losses over the batch) or mean")
+    if cfg.runtime.cpu_attention not in CPU_ATTENTION:
+        raise FinetuneError(f"runtime.cpu_attention={cfg.runtime.cpu_attention!r} must be math (attention written out "
+                            "on CPU, the faster there) or sdpa (torch's fused kernel)")
     if cfg.pooling not in POOLINGS:
         raise FinetuneError(f"pooling={cfg.pooling!r} must be cls (the paper: the final [CLS] state) or mean (the "
                             "mean over the example's tokens)")

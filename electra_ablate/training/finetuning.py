@@ -29,6 +29,7 @@ from electra_ablate.glue.features import Features, cached_features, file_digest,
 from electra_ablate.glue.metrics import glue_score, task_score
 from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
+from electra_ablate.models import fast
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
 from electra_ablate.training.finetune_checks import validate
@@ -267,6 +268,9 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
     encoder = pretrained.make_encoder()
+    # Speed only: without dropout (and in evaluation) CPU attention is written out (models/fast.py); with
+    # dropout it stays torch's SDPA and its own masks, so runs with dropout draw the same random numbers.
+    fast.set_fast_dropout(encoder, False, cpu_attention=str(cfg.runtime.cpu_attention))
     if cfg.runtime.compile:
         encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
     system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
