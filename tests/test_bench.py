@@ -320,6 +320,8 @@ def test_throughput_section_times_both_attention_paths_and_every_layout(tmp_path
     assert all(r["batch"] == (8, 64) and r["tokens_per_s"] > 0 for r in attention)  # the experiment's length, 8 rows
     layouts = [r for r in rep.throughput if r["kind"] == "layout"]
     cores = os.cpu_count() or 1
-    assert [(r["jobs"], r["threads"]) for r in layouts] == ([(1, 1), (cores, 1), (1, cores)] if cores > 1 else [(1, 1)])
+    expected = [(1, 1), (cores, 1), (1, cores)] if cores > 1 else [(1, 1)]
+    assert [(r["jobs"], r["threads"]) for r in layouts] == [*expected, (cores + 1, 1)]
+    assert layouts[-1]["cores_used"] == cores  # time-sliced jobs occupy the cores there are
     assert all(len(r["per_job"]) == r["jobs"] and r["tokens_per_cpu_hour"] > 0 for r in layouts)
     assert "## Tokens per CPU-hour at the sweep's shape" in out.read_text()

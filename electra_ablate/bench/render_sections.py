@@ -291,7 +291,7 @@ def throughput(rep: Report) -> list[str]:
         one = layouts[0]["tokens_per_cpu_hour"]
         L += ["", "Process layouts (BERT, `cpu_attention=math`): fresh processes that build, warm up, wait for each "
               "other and then time the same steps together. Tokens per CPU-hour = the layout's tokens/s x 3600 / "
-              "the cores it occupies.", "",
+              "the cores it occupies (at most all of them).", "",
               "| layout | tokens/s per job | tokens/s, all jobs | tokens per CPU-hour | / one 1-thread job |",
               "|---|---|---|---|---|"]
         for r in layouts:

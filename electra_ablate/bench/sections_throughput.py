@@ -6,11 +6,12 @@ Two measurements at the shape of `--throughput-experiment` (default `cpu_regime`
 - the attention path (`runtime.cpu_attention`): torch's fused SDPA against the same math written out, for BERT
   and ELECTRA, interleaved step by step in this process on one thread;
 - the process layout on this machine's cores: one 1-thread job alone, one 1-thread job per core side by side
-  (what a sweep with `hydra.launcher.n_jobs=<cores>` runs), and one job with a thread per core. Each layout runs
+  (what a sweep with `hydra.launcher.n_jobs=<cores>` runs), one job with a thread per core, and one 1-thread job
+  more than there are cores (time-sliced). Each layout runs
   in fresh processes (`--probe`) that build, warm up, wait for each other and then time the same number of
   steps, so side-by-side jobs overlap while they are timed.
 
-Tokens per CPU-hour = tokens/s of all the layout's jobs x 3600 / the cores it occupies.
+Tokens per CPU-hour = tokens/s of all the layout's jobs x 3600 / the cores it occupies (at most all of them).
 """
 
 from __future__ import annotations
@@ -75,10 +76,12 @@ def _layout_rows(s: Settings, rep: Report) -> None:
     layouts = [("one 1-thread job", 1, 1)]
     if cores > 1:
         layouts += [(f"{cores} 1-thread jobs side by side", cores, 1), (f"one {cores}-thread job", 1, cores)]
+    # One job more than cores (a launcher's n_jobs above the core count): the jobs share the cores by time slices.
+    layouts.append((f"{cores + 1} 1-thread jobs on {cores} core{'s' if cores > 1 else ''}", cores + 1, 1))
     for label, jobs, threads in layouts:
         results = run_side_by_side(s, jobs, threads)
         total = sum(r["tokens_per_s"] for r in results)
-        used = jobs * threads
+        used = min(jobs * threads, cores)
         rep.throughput.append({"kind": "layout", "layout": label, "jobs": jobs, "threads": threads,
                                "per_job": [r["tokens_per_s"] for r in results], "tokens_per_s": total,
                                "tokens_per_cpu_hour": total * 3600 / used, "cores_used": used})
