@@ -188,6 +188,12 @@ def check_exported(result: Result, runner: Runner) -> None:
         assert (result.tmp / "exported" / part / "config.json").is_file(), sorted((result.tmp / "exported").rglob("*"))
 
 
+def check_bench_throughput(result: Result, runner: Runner) -> None:
+    out = result.tmp / "reports" / "benchmarks_throughput.md"
+    text = out.read_text() if out.is_file() else ""
+    assert "## Tokens per CPU-hour at the sweep's shape" in text and "| one 1-thread job |" in text, out
+
+
 def check_bench_build(result: Result, runner: Runner) -> None:
     out = result.tmp / "reports" / "benchmarks_corpus_build.md"
     assert out.is_file() and "word pieces/s" in out.read_text(), out
@@ -344,6 +350,8 @@ COMMANDS: dict[str, Smoke | Skip] = {
     "python -m electra_ablate.bench --models tiny --sections build --out reports/benchmarks_corpus_build.md":
         Smoke(("--quick", "--threads 1", "--build-workers 1", "--build-max-docs 200", "--cache-dir {tmp}/cache"),
               check=check_bench_build),
+    "python -m electra_ablate.bench --models tiny --sections throughput --out reports/benchmarks_throughput.md":
+        Smoke(("--quick", "--override data.batch_size=8", "--cache-dir {tmp}/cache"), check=check_bench_throughput),
     # README: pre-train one variant, corpora of the paper's size
     PRETRAIN_SMALL: Smoke(PRETRAIN_2_STEPS, check=check_pretrained, slow=False),
     "python -m electra_ablate.pretrain experiment=small": Smoke(PRETRAIN_2_STEPS, check=check_pretrained),
