@@ -488,6 +488,7 @@ def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, 
     ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
     ctx.write_finetune_config(ckpt)
     ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
-    assert (ft.preset, ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("cpu_regime", "mean", 0.0, 4000)
+    assert (ft.preset, ft.pooling, ft.dropout.hidden) == ("cpu_regime", "mean", 0.0)
+    assert ft.glue_data.max_train_examples == 4000
     spec = load_sweep("cpu_regime")
     assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5

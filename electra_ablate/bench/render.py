@@ -42,12 +42,23 @@ def _header(rep: Report) -> list[str]:
         f"- Load average (1/5/15 min) at start: {', '.join(f'{x:.2f}' for x in m['load_start'])}; at end: "
         f"{', '.join(f'{x:.2f}' for x in m['load_end'])} (the machine is shared; A and B are interleaved so their "
         "ratio is robust to load)",
+        *(_timing(rep) if set(s.sections) - OWN_TIMING else []),
+        "",
+    ]
+
+
+# Sections that say how they time in their own text; the header's timing line is about the others.
+OWN_TIMING = {"build", "throughput"}
+
+
+def _timing(rep: Report) -> list[str]:
+    s = rep.settings
+    return [
         f"- Timing: {s.warmup} warm-up steps, then {s.reps} timed steps per implementation, interleaved A B A B on "
         f"the same real batches of the Wikipedia sample (`data=wiki_sample`, sequence length {s.seq_len}); medians. "
         f"Piece-by-piece, compile, BERT and fine-tuning rows: 1 warm-up and {s.piece_reps} timed steps each; the "
         f"piece-by-piece, compile, BERT, memory and sync sections run at the runtime default precision "
         f"(`auto`: {precision_lib.resolve('auto', s.device.type)} here).",
-        "",
     ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from electra_ablate.bench.settings import NO_GPU_NOTE, Report
+from electra_ablate.bench.settings import LAYOUT_STEPS_PER_REP, NO_GPU_NOTE, Report
 from electra_ablate.models import fast
 
 
@@ -279,18 +279,21 @@ def throughput(rep: Report) -> list[str]:
     L = ["## Tokens per CPU-hour at the sweep's shape", "",
          f"Pre-training steps of `experiment={exp}` (conf/experiment/{exp}.yaml; batch x sequence as below), at the "
          "runtime default precision. Attention: torch's fused SDPA against the same math written out "
-         "(`runtime.cpu_attention`), interleaved step by step on the same batches, one thread; sdpa / this > 1: "
-         "written out is faster.", "",
+         f"(`runtime.cpu_attention`), interleaved step by step on the same batches ({rep.settings.warmup} warm-up "
+         f"and {rep.settings.piece_reps} timed steps each, medians), one thread; sdpa / this > 1: written out is "
+         "faster.", "",
          "| objective | batch | `cpu_attention` | s/step | tokens/s | tokens per CPU-hour | sdpa / this |",
          "|---|---|---|---|---|---|---|"]
     base = {r["objective"]: r["step_s"] for r in attention if r["attention"] == "sdpa"}
     for r in attention:
+        ratio = base[r["objective"]] / r["step_s"]
         L.append(f"| {r['objective']} | {r['batch'][0]} x {r['batch'][1]} | {r['attention']} | {fmt(r['step_s'])} | "
-                 f"{r['tokens_per_s']:.0f} | {si(r['tokens_per_s'] * 3600)} | {base[r['objective']] / r['step_s']:.2f}x |")
+                 f"{r['tokens_per_s']:.0f} | {si(r['tokens_per_s'] * 3600)} | {ratio:.2f}x |")
     if layouts:
         one = layouts[0]["tokens_per_cpu_hour"]
         L += ["", "Process layouts (BERT, `cpu_attention=math`): fresh processes that build, warm up, wait for each "
-              "other and then time the same steps together. Tokens per CPU-hour = the layout's tokens/s x 3600 / "
+              f"other and then time {LAYOUT_STEPS_PER_REP * rep.settings.piece_reps} steps each, together. Tokens per "
+              "CPU-hour = the layout's tokens/s x 3600 / "
               "the cores it occupies (at most all of them).", "",
               "| layout | tokens/s per job | tokens/s, all jobs | tokens per CPU-hour | / one 1-thread job |",
               "|---|---|---|---|---|"]

@@ -22,19 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, load_data, tokens
 from electra_ablate.bench.measure import interleaved, median
-from electra_ablate.bench.settings import (PROBE_TAG, REPO, BenchError, Report, Settings, log, settings_from_dict,
-                                           settings_to_dict)
+from electra_ablate.bench.settings import (LAYOUT_STEPS_PER_REP, PROBE_TAG, REPO, BenchError, Report, Settings, log,
+                                           settings_from_dict, settings_to_dict)
 
 OBJECTIVES = ("bert", "electra")
-ATTENTION = ("sdpa", "math")
-LAYOUT_STEPS_PER_REP = 4  # a layout's jobs time 4 x --piece-reps steps each (20 by default: ~10 s at this shape)  # before (torch's fused kernel without dropout), after (written out)
+ATTENTION = ("sdpa", "math")  # before (torch's fused kernel without dropout), after (written out)
 
 
 def _config(s: Settings, objective: str, attention: str):
@@ -64,8 +62,9 @@ def _attention_rows(s: Settings, rep: Report) -> None:
             n = tokens(batches[0])
             for attention in ATTENTION:
                 step_s = median(timed[attention])
+                shape = tuple(batches[0]["input_ids"].shape)
                 rep.throughput.append({"kind": "attention", "objective": objective, "attention": attention,
-                                       "step_s": step_s, "tokens_per_s": n / step_s, "batch": tuple(batches[0]["input_ids"].shape)})
+                                       "step_s": step_s, "tokens_per_s": n / step_s, "batch": shape})
                 log(f"throughput {objective} attention={attention}: {step_s:.3f} s/step")
     finally:
         torch.set_num_threads(previous)
@@ -96,8 +95,9 @@ def run_side_by_side(s: Settings, jobs: int, threads: int) -> list[dict]:
         spec = {"kind": "throughput", "settings": settings_to_dict(s), "threads": threads, "barrier": str(barrier),
                 "jobs": jobs, "index": i}
         env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": str(threads)}
-        procs.append(subprocess.Popen([sys.executable, "-m", "electra_ablate.bench", "--probe", json.dumps(spec)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO), env=env))
+        argv = [sys.executable, "-m", "electra_ablate.bench", "--probe", json.dumps(spec)]
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+                                      env=env))
     out = []
     for p in procs:
         stdout, stderr = p.communicate()

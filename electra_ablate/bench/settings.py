@@ -22,6 +22,7 @@ CONF_DIR = REPO / "conf"
 DEFAULT_OUT = REPO / "reports" / "benchmarks.md"
 NO_GPU_NOTE = "no GPU was available in this session"
 PROBE_TAG = "BENCH_MEMORY_PROBE "
+LAYOUT_STEPS_PER_REP = 4  # the throughput section's layout jobs time 4 x --piece-reps steps each (~10 s at cpu_regime)
 
 
 class BenchError(ValueError):

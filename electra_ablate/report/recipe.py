@@ -162,7 +162,8 @@ def pretrain_recipe_lines(pretrain_states) -> list[str]:
              f"({', '.join(f'conf/experiment/{p}.yaml' for p in presets)}), which says why."
              if presets else "")
     out = ["## Pre-training recipe", "",
-           f"The encoder block the pre-trained arms used, beside the paper's (Table 6; the reference's modeling.py).{named}",
+           "The encoder block the pre-trained arms used, beside the paper's (Table 6; the reference's "
+           f"modeling.py).{named}",
            "", "| setting | paper | these runs | |", "|---|---|---|---|", *rows, ""]
     if deviations:
         out += ["Declared deviations from the paper's pre-training recipe: " + "; ".join(deviations) + ".", ""]
