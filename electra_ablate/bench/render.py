@@ -157,6 +157,8 @@ def _targets(rep: Report) -> list[str]:
 
 
 def _gpu(rep: Report) -> list[str]:
+    if "pretrain" not in rep.settings.sections:  # the GPU rows are the pre-training comparison's
+        return []
     L = [
         "## GPU",
         "",
