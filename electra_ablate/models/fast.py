@@ -100,9 +100,9 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: tor
     `written_out`; otherwise, and always on CUDA, it is torch's `F.scaled_dot_product_attention`.
 
     Why written out without dropout: torch's fused CPU kernel (flash attention for CPU) is slow in backward at
-    the small head sizes of the tiny and Small models: at the cpu_regime shape (4 x 128, 2 heads of 64,
-    sequence 64, batch 128, one thread, bf16-mixed) it took 29% of a BERT step (torch.profiler), and writing
-    it out made the step 1.33x faster (ELECTRA 1.45x, Small at sequence 128 1.29x; `runtime.cpu_attention`).
+    the small head sizes of the tiny and Small models; at the cpu_regime shape (4 x 128, 2 heads of 64, sequence
+    64, batch 128, one thread, bf16-mixed) torch.profiler put it second only to the matmuls in a BERT step, and
+    writing it out makes the step faster (reports/benchmarks_throughput.md, `runtime.cpu_attention`).
     q, k, v: (B, nh, T, hd); attn_mask: additive, broadcastable to (B, nh, T, T).
     """
     on_cpu = q.device.type == "cpu"
