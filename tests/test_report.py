@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -17,7 +18,7 @@ from electra_ablate.report.build import write_report
 from electra_ablate.report.collect import collect
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import UNRECORDED, vocabularies, vocabulary_warning
-from electra_ablate.report.stats import bootstrap_difference, learning_curve, summarize
+from electra_ablate.report.stats import bootstrap_difference, glue_of, learning_curve, random_init_floors, summarize
 from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.spec import load_sweep
@@ -194,6 +195,20 @@ def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
     assert curve.loc[("electra", 0.5), "flops"] == pytest.approx(50e9)
     assert curve.loc[("bert", 1.0), "flops"] == pytest.approx(80e9)
     assert curve.loc[("electra", 0.5), "glue"] == pytest.approx((58.0 + 71.0) / 2)
+    assert random_init_floors(data) == {}  # no random-init variant in this sweep: no floor drawn
+
+
+def test_the_random_init_floor_is_its_final_glue_of_task_medians():
+    from types import SimpleNamespace
+
+    variants = [SimpleNamespace(label="bert", random_init_of=None),
+                SimpleNamespace(label="none", random_init_of="bert")]
+    scores = pd.DataFrame({"variant": ["none"] * 5 + ["bert"] * 2,
+                           "task": ["sst2", "sst2", "sst2", "rte", "rte", "sst2", "sst2"],
+                           "score": [60.0, 70.0, 65.0, 50.0, 54.0, 80.0, 90.0],
+                           "final": [True] * 4 + [False] + [True] * 2})  # the non-final rte run is left out
+    data = SimpleNamespace(ctx=SimpleNamespace(spec=SimpleNamespace(variants=variants)), scores=scores)
+    assert random_init_floors(data) == {"none": pytest.approx(glue_of({"sst2": 65.0, "rte": 50.0}))}
 
 
 def test_report_files_are_written_whole(store, tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 from electra_ablate.report.collect import SweepData
 from electra_ablate.report.markdown import short_glue
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
-from electra_ablate.report.stats import Summary, generator_size_points, learning_curve
+from electra_ablate.report.stats import Summary, generator_size_points, learning_curve, random_init_floors
 
 
 def _pyplot():
@@ -100,6 +100,9 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
         if by_fraction:
             bx.plot([float(f) for f in by_fraction], list(by_fraction.values()), ls="--", marker="x", color=color,
                     label=f"{variant} (paper)")
+    for label, floor in random_init_floors(data).items():  # the floor every curve has to clear
+        for axis in (ax, bx):
+            axis.axhline(floor, ls=":", color="0.4", label=f"{label} (no pre-training)")
     ax.set_xscale("log")
     ax.set_xlabel("pre-training FLOPs (paper accounting)")
     ax.set_ylabel("GLUE dev (median)")

@@ -131,6 +131,20 @@ def learning_curve(data: SweepData) -> pd.DataFrame:
     return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
 
 
+def random_init_floors(data: SweepData) -> dict[str, float]:
+    """Per random-init variant (`random_init_of`): the GLUE of its task medians, the floor a curve has to clear."""
+    spec_floors = [v.label for v in data.ctx.spec.variants if v.random_init_of is not None]
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    out = {}
+    for label in spec_floors:
+        g = final[final["variant"] == label] if len(final) else final
+        if len(g):
+            value = glue_of(g.groupby("task")["score"].median().to_dict())
+            if value is not None:
+                out[label] = value
+    return out
+
+
 def generator_size_points(data: SweepData) -> pd.DataFrame:
     """Per variant: discriminator hidden size, generator hidden size (None for unigram/uniform), generator
     kind, and the per-seed GLUE scores, from the pre-training runs' tags."""
