@@ -85,6 +85,19 @@ def _same(paper: str, ours: Sequence[str]) -> bool:
     return all(number(o) in {number(c) for c in cells} for o in ours)
 
 
+def _row(name: str, paper: str, shown: str, differs: bool) -> str:
+    return f"| {name} | {paper} | {shown} |{' **deviation**' if differs else ''} |"
+
+
+def _named(runs: pd.DataFrame, kind: str, folder: str, why: str) -> str:
+    """The sentence naming the preset(s) the runs were configured from ('' without one)."""
+    presets = [p for p in _values(runs, "preset") if p != "None"]
+    if not presets:
+        return ""
+    return (f" They were configured from the named {kind} {', '.join(f'`{p}`' for p in presets)} "
+            f"({', '.join(f'conf/{folder}/{p}.yaml' for p in presets)}), which says {why}.")
+
+
 def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
     """The "Fine-tuning recipe" section for the report's fine-tuning runs (`scores` rows), or [] if none."""
     if not len(scores) or not len(frame):
@@ -106,13 +119,10 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
         else:
             shown = ", ".join(ours) or "not logged"
             differs = bool(ours) and not _same(paper[s.param], ours)
-        rows.append(f"| {s.name} | {paper[s.param]} | {shown} |{' **deviation**' if differs else ''} |")
+        rows.append(_row(s.name, paper[s.param], shown, differs))
         if differs:
             deviations.append(f"{s.name}: {shown} (paper: {paper[s.param]})")
-    presets = [p for p in _values(runs, "preset") if p != "None"]
-    named = (f" They were configured from the named recipe {', '.join(f'`{p}`' for p in presets)} "
-             f"({', '.join(f'conf/recipe/{p}.yaml' for p in presets)}), which says why it departs from the paper."
-             if presets else "")
+    named = _named(runs, "recipe", "recipe", "why it departs from the paper")
     out = ["## Fine-tuning recipe", "",
            "What the runs in the tables were fine-tuned with, beside the paper's recipe (Table 7 and the reference's "
            f"run_finetuning.py: the project's defaults).{named}", "",
@@ -153,14 +163,10 @@ def pretrain_recipe_lines(pretrain_states) -> list[str]:
     for s in PRETRAIN_SETTINGS:
         ours = _values(runs, s.param)
         differs = bool(ours) and not _same(paper[s.param], ours)
-        rows.append(f"| {s.name} | {paper[s.param]} | {', '.join(ours) or 'not logged'} |"
-                    f"{' **deviation**' if differs else ''} |")
+        rows.append(_row(s.name, paper[s.param], ", ".join(ours) or "not logged", differs))
         if differs:
             deviations.append(f"{s.name}: {', '.join(ours)} (paper: {paper[s.param]})")
-    presets = [p for p in _values(runs, "preset") if p != "None"]
-    named = (f" They were configured from the named preset {', '.join(f'`{p}`' for p in presets)} "
-             f"({', '.join(f'conf/experiment/{p}.yaml' for p in presets)}), which says why."
-             if presets else "")
+    named = _named(runs, "preset", "experiment", "why")
     out = ["## Pre-training recipe", "",
            "The encoder block the pre-trained arms used, beside the paper's (Table 6; the reference's "
            f"modeling.py).{named}",
