@@ -419,6 +419,31 @@ def test_resume_with_other_data_stream_fails(tmp_path):
     torch.testing.assert_close(take(resumed.train_dataloader(), 1)[0], take(dm.train_dataloader(), 4)[3])
 
 
+def test_resume_follows_the_examples_not_the_cache_entry_name(tmp_path):
+    # The same text copied anew (a new modification time, so a new cache entry) is the same stream; a checkpoint
+    # from before the digest was saved names its entry, whose digest is read when it is still in the cache.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(head_corpus(corpus, 150))
+    dm = small_dm(tmp_path / "cache", corpus=str(corpus))
+    dm.prepare()
+    state = {**dm.state_dict(), "batches_consumed": 3}
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    copied = small_dm(tmp_path / "cache", corpus=str(corpus))
+    copied.prepare()
+    assert copied.cache.directory != dm.cache.directory
+    copied.load_state_dict(state)
+    torch.testing.assert_close(take(copied.train_dataloader(), 1)[0], take(dm.train_dataloader(), 4)[3])
+    older = {k: v for k, v in state.items() if k != "examples_sha256"}
+    small_dm(tmp_path / "cache", corpus=str(corpus)).load_state_dict(older)
+    other = small_dm(tmp_path / "cache", max_docs=100)
+    for saved in (state, older):
+        with pytest.raises(DataError, match=f"examples of cache entry {dm.cache.directory.name}"):
+            other.load_state_dict(saved)
+    shutil.rmtree(dm.cache.directory)  # an old checkpoint whose entry is gone cannot be matched
+    with pytest.raises(DataError, match="same data config"):
+        copied.load_state_dict(older)
+
+
 def test_real_config_instantiates_the_datamodule(tmp_path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("pretrain", overrides=[f"paths.data_dir={DATA}", f"paths.cache_dir={tmp_path}",

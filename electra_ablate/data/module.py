@@ -9,6 +9,7 @@ of many files or a Hugging Face dataset (`data=text_files`, `data=hf_dataset`) i
 from __future__ import annotations
 
 import functools
+import json
 import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from electra_ablate.common.loader import worker_context
 from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
-from electra_ablate.data.cache import PretrainCache, build_or_load, examples_sha256, load_cache
+from electra_ablate.data.cache import META_NAME, PretrainCache, build_or_load, examples_sha256, load_cache
 from electra_ablate.data.corpus_build import Source, build_or_load_corpus
 from electra_ablate.data.corpus_files import TextFiles
 from electra_ablate.data.errors import DataError
@@ -243,9 +244,26 @@ class PretrainDataModule(pl.LightningDataModule):
                           multiprocessing_context=worker_context(self.num_workers))
 
     def _identity(self) -> dict:
+        """What a checkpoint's position in the stream means: the examples (by content: a cache entry rebuilt from
+        the same text, e.g. after the corpus file was copied anew and its modification time changed, is the same
+        stream), the batch size, the shuffling seed and the number of ranks."""
         _, world_size = self._rank_world()
-        return {"cache": self.cache.directory.name, "batch_size": self.batch_size, "seed": self.seed,
-                "world_size": world_size}
+        return {"examples_sha256": self.examples_sha256, "cache": self.cache.directory.name,
+                "batch_size": self.batch_size, "seed": self.seed, "world_size": world_size}
+
+    def _saved_examples(self, state_dict: dict) -> str | None:
+        """The examples digest a checkpoint was trained on. Checkpoints from before the digest was saved name
+        only their cache entry: its digest is read from that entry when it is still in the cache."""
+        if state_dict.get("examples_sha256"):
+            return state_dict["examples_sha256"]
+        name = state_dict.get("cache")
+        if name == self.cache.directory.name:
+            return self.examples_sha256
+        meta = self.cache.directory.parent / str(name) / META_NAME
+        try:
+            return json.loads(meta.read_text()).get("examples_sha256")
+        except (OSError, ValueError):
+            return None
 
     def state_dict(self) -> dict:
         self.prepare()
@@ -253,12 +271,18 @@ class PretrainDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.prepare()
-        saved = {k: state_dict.get(k) for k in self._identity()}
-        if saved != self._identity():
+        ours = self._identity()
+        stream = ("batch_size", "seed", "world_size")
+        saved = {k: state_dict.get(k) for k in stream}
+        problems = [f"{k} {saved[k]} (this run: {ours[k]})" for k in stream if saved[k] != ours[k]]
+        if self._saved_examples(state_dict) != ours["examples_sha256"]:
+            problems.append(f"examples of cache entry {state_dict.get('cache')} (this run: {ours['cache']}, other "
+                            "examples)")
+        if problems:
             raise DataError(
-                f"The checkpoint's data stream {saved} differs from this run's {self._identity()}, so the "
-                "run cannot continue with the next batch. Resume with the same data config, seed and number "
-                "of devices, or start a new run."
+                f"The checkpoint's data stream differs from this run's: {'; '.join(problems)}, so the run cannot "
+                "continue with the next batch. Resume with the same data config, seed and number of devices, or "
+                "start a new run."
             )
         self._start = int(state_dict["batches_consumed"])
         self._loader_trainer = self._progress_at_start = None
