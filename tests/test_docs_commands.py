@@ -222,6 +222,13 @@ def check_curve(result: Result, runner: Runner) -> None:
     assert "| step | tokens | ours: MLM loss" in result.output
 
 
+def check_pilot(result: Result, runner: Runner) -> None:
+    """docs/cpu_scale.md: the pilot's windows, one row per logged step, in the CSV the command names."""
+    lines = (result.tmp / "pilots" / "lr5e-4.csv").read_text().splitlines()
+    assert lines[0].startswith("name,step,tokens,") and [line.split(",")[:2] for line in lines[1:]] == [
+        ["lr5e-4", "1"], ["lr5e-4", "2"], ["lr5e-4", "3"]], lines
+
+
 def check_my_objective(result: Result, runner: Runner) -> None:
     check_pretrained(result, runner)
     run = runner.client().get_run(result.run_id)
@@ -431,6 +438,10 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "logger.experiment=window"):
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<pre-LN BERT pretrained/final>": BERT_DIR},
               check=check_lrprobe(random_init=True, jobs=1, experiment="window")),
+    ("python -m electra_ablate.bench.pilot lr5e-4 experiment=cpu_regime objective=electra trainer.max_steps=4944 "
+     "optim.lr=5e-4 --out pilots/lr5e-4.csv"):
+        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=3", "logger.log_every_n_steps=1"),
+              check=check_pilot, slow=False),
     "OMP_NUM_THREADS=1 python -m electra_ablate.pretrain experiment=cpu_regime objective=bert":
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
     "python -m electra_ablate.finetune -m recipe=cpu_regime pretrained=<run id> task=sst2 seed=0,1,2,3,4":

@@ -1,0 +1,136 @@
+"""A pre-training pilot judged on its curve alone: trained exactly as `python -m electra_ablate.pretrain` trains
+(training/build.py builds the data, the networks, the algorithm and the Trainer from the same config), but without
+the run store: nothing goes to MLflow, nothing is exported, and every train/* window (MLM loss and accuracy, the
+discriminator's loss, accuracy and ROC AUC, the replaced share, loss, tokens/s, learning rate) is written to a CSV
+as it closes. Pilots say which settings leave a plateau before a sweep spends its compute on them; several run side
+by side, one process each, on any machine with the project's Python packages and torch (MLflow is not needed), a
+lent GPU machine too.
+
+`python -m electra_ablate.bench.pilot NAME <pre-training overrides> [--out CSV] [--cache DIR]`
+
+`--cache DIR` reads a pre-training cache entry already built (`<paths.cache_dir>/pretrain/<key>/`) instead of
+building the corpus: for a machine where the raw corpus is not. Its sequence length, vocabulary size, article
+count and casing must be the data config's; a mismatch is refused before any network is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import tempfile
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig
+
+from electra_ablate.bench.builds import compose_pretrain
+from electra_ablate.bench.settings import BenchError, log
+from electra_ablate.common import cli
+from electra_ablate.common.io import write_text
+from electra_ablate.data.cache import load_cache
+from electra_ablate.data.module import PretrainDataModule
+from electra_ablate.training import build
+
+METRICS = ("mlm_loss", "masked_lm_accuracy", "disc_loss", "disc_accuracy", "disc_auc", "replaced_fraction", "loss",
+           "tokens_per_s", "lr")
+COLUMNS = ("name", "step", "tokens", "seconds", *METRICS)
+# The cache entry's settings (meta.json) that must be the data config's, as data.<key>.
+CACHE_KEYS = ("max_seq_length", "train_vocab_size", "max_docs", "lowercase")
+
+
+def cache_problems(cfg: DictConfig, meta: dict) -> list[str]:
+    """Where a built cache entry's settings differ from the data config's (an empty list when they agree)."""
+    return [f"data.{k}={cfg.data.get(k)} but the cache entry was built with {meta.get(k)}"
+            for k in CACHE_KEYS if k in cfg.data and meta.get(k) != cfg.data.get(k)]
+
+
+class CsvRows:
+    """The windows a pilot's system logs, rewritten atomically to `out` as each closes."""
+
+    def __init__(self, name: str, out: Path, tokens_per_step: int):
+        self.name, self.out, self.tokens_per_step = name, out, tokens_per_step
+        self.rows: list[dict] = []
+        self.started = time.perf_counter()
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        row = {"name": self.name, "step": step, "tokens": step * self.tokens_per_step,
+               "seconds": round(time.perf_counter() - self.started, 2)}
+        row |= {k: metrics.get(f"train/{k}", "") for k in METRICS}
+        self.rows.append(row)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_text(self.out, text.getvalue())
+
+
+def run(name: str, cfg: DictConfig, out: Path, cache: Path | None = None) -> list[dict]:
+    """Train `cfg` as pre-training does and return (and write to `out`) its windows."""
+    if cache is not None:
+        entry = load_cache(cache)  # refused in one line when it is not a cache entry
+        problems = cache_problems(cfg, entry.meta)
+        if problems:
+            raise BenchError(f"--cache {cache}: " + "; ".join(problems) + " (build that entry with these settings, or "
+                             "pass the data config it was built with)")
+    pl.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+    dm = build.data_module(cfg)
+    if cache is not None:
+        dm._cache = entry
+    dm.prepare()
+    sharing = build.sharing_mode(cfg)
+    model, generator, objective = build.build_networks(cfg, dm, dm.special, sharing)
+    system = build.system(cfg, model, generator, objective)
+    system.seed = cfg.seed
+    with tempfile.TemporaryDirectory(prefix=f"pilot-{name}-") as store:
+        trainer = build.trainer(cfg, Path(store), system.automatic_optimization, [])
+        global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
+        system.stage_flops = build.step_flops(cfg, model, generator, global_batch)
+        system.flops_per_step = system.stage_flops["joint"]
+        rows = CsvRows(name, out, global_batch * cfg.data.max_seq_length)
+        system.metrics_sink = rows
+        log(f"pilot {name}: {cfg.trainer.max_steps} steps at {build.resolve_precision(cfg)} on "
+            f"{torch.cuda.get_device_name() if build.on_gpu(cfg) else 'cpu'} -> {out}")
+        trainer.fit(system, datamodule=dm)
+    return rows.rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m electra_ablate.bench.pilot", description=__doc__.split("\n\n")[0],
+        epilog="example:\n  python -m electra_ablate.bench.pilot electra-lr5e-4 experiment=cpu_regime objective=electra "
+        "\\\n    optim.lr=5e-4 trainer.max_steps=4944 --out pilots/electra-lr5e-4.csv",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", help="the pilot's name, the CSV's first column")
+    p.add_argument("overrides", nargs="*", help="pre-training overrides of conf/pretrain.yaml, as "
+                                                "python -m electra_ablate.pretrain takes them")
+    p.add_argument("--out", type=Path, default=None, help="the CSV to write (default <paths.output_root>/pilots/"
+                                                          "<name>.csv)")
+    p.add_argument("--cache", type=Path, default=None, help="a built pre-training cache entry to read instead of "
+                                                            "building the corpus")
+    return p.parse_intermixed_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    a = parse_args(argv)
+    message = cli.unknown_key_message("pretrain", a.overrides)
+    if message:
+        raise BenchError(message)
+    cfg = compose_pretrain([f"paths.output_dir={tempfile.gettempdir()}/electra_ablate_pilot", *a.overrides])
+    out = a.out or Path(cfg.paths.output_root) / "pilots" / f"{a.name}.csv"
+    rows = run(a.name, cfg, out, a.cache)
+    log(f"pilot {a.name}: {len(rows)} windows in {out}")
+    return rows
+
+
+@cli.one_line_errors
+def cli_main() -> None:
+    """Console entry: a refused option ends in one line (common/cli.py)."""
+    main()
+
+
+if __name__ == "__main__":
+    cli_main()
