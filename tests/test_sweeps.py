@@ -55,8 +55,11 @@ def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_
         cfg = composed[v.label]
         assert (cfg.sweep.name, cfg.sweep.variant, cfg.sweep.keep_going) == (ctx.spec.name, v.label, True)
         assert cfg.seed == ctx.spec.pretrain_seeds[0]
-        exported = [f for f in ctx.spec.checkpoints if f < 1]
-        assert list(cfg.trainer.export_fractions) == exported
+        exported = list(cfg.trainer.export_fractions)
+        # Every checkpoint it fine-tunes is exported; a scale may export more (to keep the identity of another
+        # sweep's runs, which it reuses: table5_efficiency at scale cpu).
+        assert set(f for f in ctx.spec.checkpoints if f < 1) <= set(exported)
+        assert exported == [f for f in ctx.spec.checkpoints if f < 1] or cfg.preset == "cpu_regime"
         for f in exported:  # every intermediate checkpoint falls on a whole step
             assert (f * cfg.trainer.max_steps) == int(f * cfg.trainer.max_steps), (v.label, f)
 
@@ -492,3 +495,35 @@ def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, 
     assert ft.glue_data.max_train_examples == 4000
     spec = load_sweep("cpu_regime")
     assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5
+
+
+def test_table5_at_cpu_scale_reuses_the_cpu_regime_runs_and_matches_their_compute(tmp_path, data_dir):
+    from electra_ablate.tracking.identity import config_hash
+
+    table5 = context("table5_efficiency", "cpu", tmp_path / "t5", data_dir)
+    regime = context("cpu_regime", "tiny", tmp_path / "cr", data_dir)
+    assert table5.experiment == regime.experiment == "cpu_regime"  # one MLflow experiment: runs found by identity
+    cfgs = {v.label: table5.compose_pretrain(PretrainJob(v.label, 0)) for v in table5.spec.pretrained_variants}
+    for label in ("bert", "electra"):
+        assert config_hash(cfgs[label]) == config_hash(regime.compose_pretrain(PretrainJob(label, 0))), label
+    assert table5.spec.variant("none").random_init_of == "bert"
+    bert = cfgs["bert"]
+    for label, cfg in cfgs.items():
+        assert budget(cfg) == pytest.approx(budget(bert), rel=0.01), label  # equal pre-training FLOPs
+        assert cfg.preset == "cpu_regime" and encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert cfg.trainer.max_steps % 8 == 0, label  # every exported fraction falls on a whole step
+    assert {label: cfg.optim.lr for label, cfg in cfgs.items()} == {
+        "electra": 5e-4, "electra_15": 5e-4, "bert": 2e-3, "replace_mlm": 2e-3, "all_tokens_mlm": 2e-3}
+    assert len(table5.spec.pretrain_seeds) >= 3 and len(table5.spec.seeds) >= 5
+
+
+def test_a_sweep_names_its_mlflow_experiment(tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("tasks: [sst2]\nvariants:\n  bert: {objective: bert}\n")
+    assert load_sweep(str(plain)).experiment == "plain"
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("experiment: elsewhere\ntasks: [sst2]\nvariants:\n  bert: {objective: bert}\n")
+    assert load_sweep(str(shared)).experiment == "elsewhere" and load_sweep(str(shared)).name == "shared"
+    shared.write_text("experiment: 'a b'\ntasks: [sst2]\nvariants:\n  bert: {objective: bert}\n")
+    with pytest.raises(SweepError, match="experiment='a b' must be letters"):
+        load_sweep(str(shared))

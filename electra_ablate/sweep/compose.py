@@ -110,7 +110,7 @@ class SweepContext:
 
     @property
     def experiment(self) -> str:
-        return self.spec.name
+        return self.spec.experiment or self.spec.name
 
     @property
     def conf_dir(self) -> Path:
@@ -206,7 +206,7 @@ def make_context(
     """`paths` holds the resolved root_dir, data_dir, output_root and cache_dir every job gets."""
     spec = load_sweep(sweep, scale)
     base = [f"paths.{k}={quote(paths[k])}" for k in ("root_dir", "data_dir", "output_root", "cache_dir")]
-    base += [f"logger.tracking_uri={quote(tracking_uri)}", f"logger.experiment={quote(spec.name)}"]
+    base += [f"logger.tracking_uri={quote(tracking_uri)}", f"logger.experiment={quote(spec.experiment or spec.name)}"]
     workdir = Path(paths["output_root"]) / "sweeps" / spec.name / spec.scale_name
     return SweepContext(spec, tracking_uri, base, list(pretrain_overrides), list(finetune_overrides), workdir)
 

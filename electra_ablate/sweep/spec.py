@@ -23,7 +23,9 @@ SWEEPS_DIR = REPO_ROOT / "sweeps"
 LABEL = re.compile(r"^[A-Za-z0-9_-]+$")  # labels become file names and Hydra option names
 SCALES = ("tiny", "small", "base", "large")
 TOP_KEYS = {
-    "name": "the sweep's name (= its MLflow experiment); default: the file name",
+    "name": "the sweep's name; default: the file name",
+    "experiment": "the MLflow experiment its runs are recorded and looked up in; default: the sweep's name. Sweeps that "
+                  "name the same experiment share their finished runs of equal settings (run identities)",
     "description": "one line for the report's title",
     "notes": "a paragraph the report opens with: what the sweep can and cannot show",
     "script": "the first entry point (electra_ablate.pretrain, or electra_ablate.finetune when every variant names `pretrained`)",
@@ -78,6 +80,7 @@ class SweepSpec:
     checkpoints: tuple[float, ...]
     variants: tuple[Variant, ...]
     notes: str = ""
+    experiment: str = ""  # the MLflow experiment (load_sweep sets it; the sweep's name unless the file names another)
 
     @property
     def scale_name(self) -> str:
@@ -176,8 +179,12 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         raise SweepError(f"{where}: script={script!r}; expected electra_ablate.pretrain or electra_ablate.finetune")
     if script == "electra_ablate.finetune" and any(v.pretrained is None for v in variants):
         raise SweepError(f"{where}: script=electra_ablate.finetune needs `pretrained` on every variant")
+    experiment = str(raw.get("experiment") or name_)
+    if not LABEL.match(experiment):
+        raise SweepError(f"{where}: experiment={experiment!r} must be letters, digits, '_' and '-' (it names folders)")
     return SweepSpec(
         name=name_,
+        experiment=experiment,
         path=path,
         scale=scale if scales else None,
         description=str(raw.get("description") or name_),
