@@ -527,3 +527,24 @@ def test_a_sweep_names_its_mlflow_experiment(tmp_path):
     shared.write_text("experiment: 'a b'\ntasks: [sst2]\nvariants:\n  bert: {objective: bert}\n")
     with pytest.raises(SweepError, match="experiment='a b' must be letters"):
         load_sweep(str(shared))
+
+
+@pytest.mark.parametrize("name, reused", [("training_algorithms", {"joint": "electra", "bert": "bert"}),
+                                          ("weight_sharing", {})])
+def test_the_cpu_scales_spend_cpu_regime_bert_flops_on_its_presets(name, reused, tmp_path, data_dir):
+    from electra_ablate.tracking.identity import config_hash
+
+    ctx = context(name, "cpu", tmp_path / "s", data_dir)
+    regime = context("cpu_regime", "tiny", tmp_path / "cr", data_dir)
+    assert ctx.experiment == "cpu_regime"
+    bert = regime.compose_pretrain(PretrainJob("bert", 0))
+    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.pretrained_variants}
+    for label, cfg in cfgs.items():
+        assert budget(cfg) == pytest.approx(budget(bert), rel=0.01), label  # BERT's 49.2M-token budget
+        assert cfg.preset == "cpu_regime" and encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert cfg.trainer.max_steps % 8 == 0, label
+        assert cfg.optim.lr == (2e-3 if cfg.objective.name == "bert" else 5e-4), label
+    for label, theirs in reused.items():  # the same runs: found, not re-run
+        assert config_hash(cfgs[label]) == config_hash(regime.compose_pretrain(PretrainJob(theirs, 0))), label
+    assert any(v.random_init_of for v in ctx.spec.variants)  # the random-init floor
+    assert len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5
