@@ -147,13 +147,13 @@ def test_two_stage_resumes_exactly_after_the_switch(tmp_path, pretrain_cfg, stop
             assert got[name][step] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, step, got[name], expected[name])
 
 
-@pytest.mark.parametrize("scale", ["tiny", "small", "base"])
+@pytest.mark.parametrize("scale", ["tiny", "cpu", "small", "base"])
 def test_every_training_algorithms_variant_passes_the_algorithm_checks(scale, tmp_path, data_dir):
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
     ctx = make_context("training_algorithms", scale, paths, f"sqlite:///{tmp_path}/mlflow.db")
     algorithms = set()
-    for v in ctx.spec.variants:
+    for v in ctx.spec.pretrained_variants:
         cfg = ctx.compose_pretrain(PretrainJob(v.label, 0))
         checks.validate(cfg)  # raises ConfigError naming the fix
         algorithms.add(cfg.algorithm.name)
