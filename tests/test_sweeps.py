@@ -548,3 +548,20 @@ def test_the_cpu_scales_spend_cpu_regime_bert_flops_on_its_presets(name, reused,
         assert config_hash(cfgs[label]) == config_hash(regime.compose_pretrain(PretrainJob(theirs, 0))), label
     assert any(v.random_init_of for v in ctx.spec.variants)  # the random-init floor
     assert len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5
+
+
+def test_generator_size_at_cpu_scale_drops_an_option_and_reuses_the_cpu_regime_electra(tmp_path, data_dir):
+    from electra_ablate.tracking.identity import config_hash
+
+    ctx = context("generator_size", "cpu", tmp_path / "g", data_dir)
+    labels = [v.label for v in ctx.spec.variants]
+    assert labels == ["d128-g1_8", "d128-g1_4", "d128-g1_2", "d128-g1", "d128-unigram"]  # g3_4: null drops it
+    assert [v.label for v in load_sweep("generator_size", "tiny").variants if "g3_4" in v.label]  # elsewhere kept
+    regime = context("cpu_regime", "tiny", tmp_path / "cr", data_dir)
+    electra = regime.compose_pretrain(PretrainJob("electra", 0))
+    assert config_hash(ctx.compose_pretrain(PretrainJob("d128-g1_4", 0))) == config_hash(electra)
+    for label in labels:
+        cfg = ctx.compose_pretrain(PretrainJob(label, 0))
+        assert (cfg.preset, cfg.trainer.max_steps, cfg.optim.lr) == ("cpu_regime", 4944, 5e-4), label
+        assert encoder(cfg) == encoder(electra) and cfg.data == electra.data, label
+    assert ctx.experiment == "cpu_regime" and len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5

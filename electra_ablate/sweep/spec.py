@@ -41,7 +41,7 @@ TOP_KEYS = {
     "pretrain": "overrides for every pre-training job",
     "finetune": "overrides for every fine-tuning job",
     "variants": "label -> overrides of one variant",
-    "axes": "axis -> {option -> overrides}: the variants are the product of the axes",
+    "axes": "axis -> {option -> overrides}: the variants are the product of the axes (a scale drops an option with null)",
 }
 VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
 FIGURES = ("generator_size", "learning_curves")
@@ -150,7 +150,12 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         extra_variants = sorted(set((scales[scale] or {}).get("variants") or {}) - set(raw.get("variants") or {}))
         if extra_variants:
             raise SweepError(f"{where}: scales.{scale}.variants names {extra_variants}, which are not variants of the sweep")
-        raw = _merge(raw, scales[scale] or {})
+        overlay = scales[scale] or {}
+        raw = _merge(raw, overlay)
+        # A scale drops an axis option by setting it to null (`g3_4: null`): its sweep leaves that arm out.
+        for axis, options in (overlay.get("axes") or {}).items():
+            for option in [o for o, body in (options or {}).items() if body is None]:
+                del raw["axes"][axis][option]
     elif scale is not None:
         raise SweepError(f"{where} has no `scales`, so scale={scale!r} means nothing; leave scale unset")
 
