@@ -85,7 +85,7 @@ def budget(cfg) -> float:
 @pytest.mark.parametrize("scale", scales_of("training_algorithms"))
 def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
     ctx = context("training_algorithms", scale, tmp_path, data_dir)
-    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.variants}
+    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.pretrained_variants}
     assert {c.algorithm.name for c in cfgs.values()} == {"joint", "two_stage", "adversarial"}
     budgets = {k: budget(c) for k, c in cfgs.items()}
     for k, b in budgets.items():
