@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytorch_lightning as pl
 import torch
 from omegaconf import DictConfig
 
@@ -75,21 +74,15 @@ def run(name: str, cfg: DictConfig, out: Path, cache: Path | None = None) -> lis
         if problems:
             raise BenchError(f"--cache {cache}: " + "; ".join(problems) + " (build that entry with these settings, or "
                              "pass the data config it was built with)")
-    pl.seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+    build.seeded(cfg)  # as pre-training builds (training/pretraining.py), so the curves are its own
     dm = build.data_module(cfg)
     if cache is not None:
         dm._cache = entry
     dm.prepare()
-    sharing = build.sharing_mode(cfg)
-    model, generator, objective = build.build_networks(cfg, dm, dm.special, sharing)
-    system = build.system(cfg, model, generator, objective)
-    system.seed = cfg.seed
+    model, generator, system = build.trained_system(cfg, dm, build.sharing_mode(cfg))
     with tempfile.TemporaryDirectory(prefix=f"pilot-{name}-") as store:
         trainer = build.trainer(cfg, Path(store), system.automatic_optimization, [])
-        global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
-        system.stage_flops = build.step_flops(cfg, model, generator, global_batch)
-        system.flops_per_step = system.stage_flops["joint"]
+        global_batch = build.count_flops(cfg, system, model, generator, trainer)
         rows = CsvRows(name, out, global_batch * cfg.data.max_seq_length)
         system.metrics_sink = rows
         log(f"pilot {name}: {cfg.trainer.max_steps} steps at {build.resolve_precision(cfg)} on "

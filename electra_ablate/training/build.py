@@ -90,6 +90,28 @@ def system(cfg: DictConfig, model, generator, objective) -> pl.LightningModule:
     )
 
 
+def seeded(cfg: DictConfig) -> None:
+    """Seed every generator and set the matmul precision, first thing before anything random is built."""
+    pl.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+
+
+def trained_system(cfg: DictConfig, dm: PretrainDataModule, sharing: SharingMode | None = None):
+    """(model, generator, system) of `cfg` over the prepared data module, the system carrying `cfg.seed`."""
+    model, generator, objective = build_networks(cfg, dm, dm.special, sharing)
+    built = system(cfg, model, generator, objective)
+    built.seed = cfg.seed
+    return model, generator, built
+
+
+def count_flops(cfg: DictConfig, system_: pl.LightningModule, model, generator, trainer_: pl.Trainer) -> int:
+    """Give the system its FLOPs per step (paper accounting) over the global batch; returns that batch."""
+    global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer_.world_size
+    system_.stage_flops = step_flops(cfg, model, generator, global_batch)
+    system_.flops_per_step = system_.stage_flops["joint"]
+    return global_batch
+
+
 def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback]) -> pl.Trainer:
     """The Lightning Trainer: the `trainer` group's placement and steps, checkpoints every
     trainer.checkpoint_every_n_steps under `store`, no Lightning logger (metrics go to MLflow in batches)."""

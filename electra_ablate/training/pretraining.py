@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytorch_lightning as pl
-import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
@@ -94,14 +93,11 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
 
 
 def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) -> None:
-    pl.seed_everything(cfg.seed, workers=True)  # the same initial weights on every rank (DDP also broadcasts)
-    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+    build.seeded(cfg)  # the same initial weights on every rank (DDP also broadcasts)
     dm = build.data_module(cfg)
     dm.prepare()
-    model, generator, objective = build.build_networks(cfg, dm, dm.special)
-    system = build.system(cfg, model, generator, objective)
+    _, _, system = build.trained_system(cfg, dm)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
-    system.seed = cfg.seed
     last_ckpt = store / "checkpoints" / "last.ckpt"
     trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None)
 
@@ -131,22 +127,17 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     previous = done if done is not None else (runs[0] if runs else None)
 
     last_ckpt = store / "checkpoints" / "last.ckpt"
-    pl.seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.runtime.matmul_precision)
+    build.seeded(cfg)
 
     dm = build.data_module(cfg)
     dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
     sharing = build.sharing_mode(cfg)
-    model, generator, objective = build.build_networks(cfg, dm, dm.special, sharing)
-    system = build.system(cfg, model, generator, objective)
-    system.seed = cfg.seed
+    model, generator, system = build.trained_system(cfg, dm, sharing)
 
     exports = Exports(cfg, store, system, sharing, dm.vocab_path)
     export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
     trainer = build.trainer(cfg, store, system.automatic_optimization, [ExportPretrained(export_steps, exports.save), *(callbacks or [])])
-    global_batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches * trainer.world_size
-    system.stage_flops = build.step_flops(cfg, model, generator, global_batch)
-    system.flops_per_step = system.stage_flops["joint"]
+    build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 
     resume = previous is not None and last_ckpt.is_file()
