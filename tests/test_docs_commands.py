@@ -222,7 +222,7 @@ def check_curve(result: Result, runner: Runner) -> None:
     assert "| step | tokens | ours: MLM loss" in result.output
 
 
-def check_pilot(result: Result, runner: Runner) -> None:
+def check_pilot_csv(result: Result, runner: Runner) -> None:
     """docs/cpu_scale.md: the pilot's windows, one row per logged step, in the CSV the command names."""
     lines = (result.tmp / "pilots" / "lr5e-4.csv").read_text().splitlines()
     assert lines[0].startswith("name,step,tokens,") and [line.split(",")[:2] for line in lines[1:]] == [
@@ -441,7 +441,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
     ("python -m electra_ablate.bench.pilot lr5e-4 experiment=cpu_regime objective=electra trainer.max_steps=4944 "
      "optim.lr=5e-4 --out pilots/lr5e-4.csv"):
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=3", "logger.log_every_n_steps=1"),
-              check=check_pilot, slow=False),
+              check=check_pilot_csv, slow=False),
     "OMP_NUM_THREADS=1 python -m electra_ablate.pretrain experiment=cpu_regime objective=bert":
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
     "python -m electra_ablate.finetune -m recipe=cpu_regime pretrained=<run id> task=sst2 seed=0,1,2,3,4":
