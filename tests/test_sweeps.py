@@ -22,11 +22,13 @@ from omegaconf import OmegaConf
 
 from electra_ablate.models import flops
 from electra_ablate.models.encoder import EncoderConfig
+from electra_ablate.report.build import write_report
 from electra_ablate.sweep.compose import SweepContext, config_text, fresh_hydra, make_context, quote, validate
 from electra_ablate.sweep.gpus import GpuSlot, _ALL_GPUS_ENV, gpu_candidates, visible_gpus
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
+from electra_ablate.tracking import runs as tracking
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
@@ -113,6 +115,18 @@ def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_
     assert bert.trainer.max_steps > electra.trainer.max_steps
     none = ctx.spec.variant("none")
     assert none.random_init_of == "electra" and none not in ctx.spec.pretrained_variants
+
+
+def test_a_report_at_another_scale_than_the_default_is_named_for_it(tmp_path, data_dir):
+    """One sweep's reports at two scales sit side by side: the default scale keeps <name>.md."""
+    assert load_sweep("table5_efficiency").report_name == "table5_efficiency"  # default_scale: tiny
+    assert load_sweep("table5_efficiency", "tiny").report_name == "table5_efficiency"
+    assert load_sweep("table5_efficiency", "cpu").report_name == "table5_efficiency_cpu"
+    assert load_sweep("table1_small", "small").report_name == "table1_small"
+    ctx = context("weight_sharing", "cpu", tmp_path, data_dir)
+    path = write_report(ctx, tracking.setup(ctx.tracking_uri, ctx.experiment), tmp_path / "reports")
+    assert path == tmp_path / "reports" / "weight_sharing_cpu.md" and path.is_file()
+    assert not (tmp_path / "reports" / "weight_sharing.md").exists()
 
 
 def test_scales_change_what_they_say(tmp_path, data_dir):

@@ -46,18 +46,39 @@ def _millions(n: float) -> str:
     return f"{n / 1e6:.1f}M"
 
 
-def pretraining_scale(run) -> str:
-    """'600 steps x 128 x 64 = 4.9M tokens, 1.2e+14 FLOPs' for one finished pre-training run."""
+def pretraining_numbers(run) -> dict | None:
+    """{steps, batch, seq, tokens, flops (None when not logged)} of one finished pre-training run, or None
+    when its parameters do not say."""
     p = run.data.params
     try:
         steps = int(p["trainer.max_steps"])
         batch = int(p["data.batch_size"]) * int(p.get("trainer.accumulate_grad_batches", 1))
         seq = int(p["data.max_seq_length"])
     except (KeyError, ValueError):
+        return None
+    return {"steps": steps, "batch": batch, "seq": seq, "tokens": steps * batch * seq,
+            "flops": run.data.metrics.get("flops/total")}
+
+
+def pretraining_scale(run) -> str:
+    """'600 steps x 128 x 64 = 4.9M tokens, 1.2e+14 FLOPs' for one finished pre-training run."""
+    n = pretraining_numbers(run)
+    if n is None:
         return "scale not recorded"
-    flops = run.data.metrics.get("flops/total")
-    return f"{steps} steps x {batch} x {seq} = {_millions(steps * batch * seq)} tokens" + (
-        f", {flops:.2g} FLOPs" if flops else "")
+    return f"{n['steps']} steps x {n['batch']} x {n['seq']} = {_millions(n['tokens'])} tokens" + (
+        f", {n['flops']:.2g} FLOPs" if n["flops"] else "")
+
+
+def numbers(spec, pretrain_states) -> dict[str, dict | None]:
+    """Variant label -> pretraining_numbers of its first finished run; None for an arm without pre-training."""
+    out: dict[str, dict | None] = {}
+    for s in pretrain_states:
+        if s.run is not None and s.job.variant not in out:
+            out[s.job.variant] = pretraining_numbers(s.run)
+    for v in spec.variants:
+        if v.random_init_of is not None or v.pretrained == "none":
+            out[v.label] = None
+    return out
 
 
 def describe(spec, pretrain_states) -> dict[str, str]:

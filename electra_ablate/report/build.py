@@ -1,14 +1,16 @@
 """The markdown report of one sweep: `python -m electra_ablate.report sweep=<name> [scale=...]`.
 
 Reads the sweep's MLflow experiment into pandas (report/collect.py) and writes `reports/<name>.md` with PNG
-figures in `reports/<name>/`: the median GLUE dev table per variant beside the paper's number
+figures in `reports/<name>/` (`<name>_<scale>` at a scale other than the sweep's default): the median GLUE dev table per variant beside the paper's number
 (report/paper.py, reading report/paper_results.yaml, the one place published numbers live), the spread over
 fine-tuning seeds (mean, std, min, max, best-of-N: the paper reports the median of 10 runs, section 3.1),
 bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py), each
 arm's degenerate runs (dev predictions of one class: report/predictions.py), generator-size curves (paper
 Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
 fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), verdicts on the
-paper's claims (report/verdicts.py),
+paper's claims (report/verdicts.py; also as data in `reports/<name>/verdicts.json`, from which
+report/holds.py makes the README's "What holds at CPU scale" table, refreshed here when a CPU-scale report is
+written into the repository's `reports/`),
 failed and missing runs, and how the numbers were produced (report/provenance.py); report/markdown.py renders
 it. The runs counted are exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs
 by (pre-training run, step, task, seed), newest finished first.
@@ -23,7 +25,7 @@ from omegaconf import DictConfig
 
 from electra_ablate.common import cli
 from electra_ablate.common.io import atomic_dir, atomic_file
-from electra_ablate.report import arms, expected_max, verdicts
+from electra_ablate.report import arms, expected_max, holds, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import generator_size_figure, glue_figure, learning_curves_figure
 from electra_ablate.report.markdown import TASK_NAMES, render
@@ -32,27 +34,31 @@ from electra_ablate.report.provenance import provenance
 from electra_ablate.report.recipe import pretrain_recipe_lines, recipe_lines
 from electra_ablate.report.stats import Summary, summarize
 from electra_ablate.sweep.compose import SweepContext, context_from_cfg
+from electra_ablate.sweep.spec import REPO_ROOT
 from electra_ablate.tracking import runs as tracking
 
 
 def write_report(ctx: SweepContext, client, report_dir: str | Path, running_sweep_run: str | None = None,
                  running_wall_time: float | None = None) -> Path:
-    """Write <report_dir>/<name>.md and <report_dir>/<name>/*.png atomically; returns the markdown's path."""
+    """Write <report_dir>/<stem>.md and <report_dir>/<stem>/*.png atomically (the stem: spec.report_name);
+    returns the markdown's path."""
     report_dir = Path(report_dir)
-    name = ctx.spec.name
+    name = ctx.spec.report_name
     data = collect(ctx, client)
     summary = summarize(data)
     # The markdown is written first and put in place last, after the figure folder it points at: leaving the
     # `with`, the folder is swapped in, then the markdown; an error on the way leaves the old report whole.
     with atomic_file(report_dir / f"{name}.md") as md_tmp, atomic_dir(report_dir / name) as staging:
         md_tmp.write_text(_render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time))
+    if holds.is_cpu_scale(ctx.spec) and report_dir.resolve() == (REPO_ROOT / "reports").resolve():
+        holds.sync(REPO_ROOT / "README.md", report_dir)
     return report_dir / f"{name}.md"
 
 
 def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, staging: Path,
                  running_sweep_run: str | None, running_wall_time: float | None) -> str:
     """Draw the figures into `staging` and return the markdown that points at them."""
-    name = ctx.spec.name
+    name = ctx.spec.report_name
     figures: dict[str, str] = {}
     if summary.tasks:
         glue_figure(data, summary, staging / "glue.png")
@@ -69,6 +75,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
     results = verdicts.verdicts(ctx.spec, final, client, load_paper_results(), predictions=data.predictions)
+    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain))
     closing = pretrain_recipe_lines(data.pretrain) + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",

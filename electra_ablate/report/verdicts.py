@@ -188,6 +188,7 @@ class Verdict:
     verdict: str
     resolve: str
     health: dict[str, dict[str, pr.Count]] = field(default_factory=dict)  # arm -> task -> degenerate runs
+    runs: dict[str, int] = field(default_factory=dict)  # arm -> fine-tuning runs compared (the fewest over tasks)
 
     @property
     def note(self) -> str:
@@ -256,7 +257,8 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
         per_group = float(np.median([len(runs[v][t]) / boot.groups[v] for v in labels for t in tasks]))
         verdict = verdict_of(d)
         out.append(Verdict(claim, d, tuple(tasks), dict(boot.groups), per_group, complete, verdict,
-                           what_it_takes(d, verdict, boot.groups, per_group), health))
+                           what_it_takes(d, verdict, boot.groups, per_group), health,
+                           {v: min(len(runs[v][t]) for t in tasks) for v in labels}))
     return out
 
 

@@ -81,6 +81,9 @@ class SweepSpec:
     variants: tuple[Variant, ...]
     notes: str = ""
     experiment: str = ""  # the MLflow experiment (load_sweep sets it; the sweep's name unless the file names another)
+    # The report's file stem: the sweep's name at its default scale, `<name>_<scale>` at any other, so that the
+    # reports of one sweep at two scales (a committed CPU report, a user's GPU run) sit side by side.
+    report_name: str = ""
 
     @property
     def scale_name(self) -> str:
@@ -187,9 +190,11 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     experiment = str(raw.get("experiment") or name_)
     if not LABEL.match(experiment):
         raise SweepError(f"{where}: experiment={experiment!r} must be letters, digits, '_' and '-' (it names folders)")
+    report_name = name_ if not scales or scale == raw.get("default_scale") else f"{name_}_{scale}"
     return SweepSpec(
         name=name_,
         experiment=experiment,
+        report_name=report_name,
         path=path,
         scale=scale if scales else None,
         description=str(raw.get("description") or name_),

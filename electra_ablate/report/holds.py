@@ -1,0 +1,209 @@
+"""The README's "What holds at CPU scale" table: every claim the CPU-scale reports test, one row each.
+
+Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module
+joins those of the CPU-scale sweeps (`CPU_SCALE`) into one markdown table between two markers in README.md.
+The report generator refreshes it whenever it writes one of those reports into the repository's `reports/`;
+`python -m electra_ablate.report.holds` rewrites it from the committed files, and `--check` only says whether
+it is current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
+still lists its claims, as not run, with the command that runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from electra_ablate.common.io import write_text
+from electra_ablate.report import verdicts as vd
+from electra_ablate.report.paper import load_paper_results
+from electra_ablate.sweep.spec import REPO_ROOT, SweepSpec, load_sweep
+
+# (sweep, scale) of the reports the table joins, in the order it lists them: the regime's own evidence first
+# (the floor every table stands on), then the paper's ablation tables at CPU scale.
+CPU_SCALE: tuple[tuple[str, str | None], ...] = (
+    ("cpu_regime", None),  # None: the file's default scale
+    ("table5_efficiency", "cpu"),
+    ("weight_sharing", "cpu"),
+    ("generator_size", "cpu"),
+    ("training_algorithms", "cpu"),
+)
+START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
+END = "<!-- /what-holds-at-cpu-scale -->"
+RECORD = "verdicts.json"
+
+
+class HoldsError(ValueError):
+    """The README has no place for the table, or a record cannot be read."""
+
+
+def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None]) -> dict:
+    """What one report concluded, as data: its verdicts and each compared arm's pre-training per run
+    (`scale`: arms.numbers; None for an arm without pre-training)."""
+    claims = []
+    for v in results:
+        c, d = v.claim, v.difference
+        arms = list(dict.fromkeys(c.better + c.worse))
+        claims.append({
+            "claim": c.text, "figure": c.figure, "paper": c.paper, "better": list(c.better), "worse": list(c.worse),
+            "tasks": list(v.tasks), "verdict": v.verdict, "resolve": v.resolve, "note": v.note,
+            "estimate": None if d is None else round(d.estimate, 4),
+            "low": None if d is None else round(d.low, 4),
+            "high": None if d is None else round(d.high, 4),
+            "p_sign": None if d is None else round(d.sign_probability, 4),
+            "groups": dict(v.groups), "runs": dict(v.runs),
+            "arms": [{"label": a, "pretraining": scale.get(a)} for a in arms],
+        })
+    return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims}
+
+
+def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None]) -> None:
+    write_text(path, json.dumps(record(spec, results, scale), indent=1, sort_keys=True) + "\n")
+
+
+def _command(name: str, scale: str | None) -> str:
+    return (f"OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep={name}{_scale_arg(scale)} "
+            "hydra/launcher=joblib hydra.launcher.n_jobs=2")
+
+
+def _scale_arg(scale: str | None) -> str:
+    return "" if scale is None else f" scale={scale}"
+
+
+def _pending(name: str, scale: str | None) -> dict:
+    """A record for a sweep whose report is not committed: its claims, none of them run."""
+    spec = load_sweep(name, scale)
+    claims = [{"claim": c.text, "figure": c.figure, "paper": c.paper, "better": list(c.better),
+               "worse": list(c.worse), "verdict": "not run yet"} for c in vd.sweep_claims(spec, load_paper_results())]
+    return {"sweep": spec.name, "scale": scale, "report": None, "claims": claims, "command": _command(name, scale)}
+
+
+def load_records(report_dir: Path) -> list[dict]:
+    out = []
+    for name, scale in CPU_SCALE:
+        stem = load_sweep(name, scale).report_name
+        path = report_dir / stem / RECORD
+        if not (report_dir / f"{stem}.md").is_file() or not path.is_file():
+            out.append(_pending(name, scale))
+            continue
+        try:
+            out.append(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise HoldsError(f"{path} is not JSON ({e}); re-make it with `python -m electra_ablate.report "
+                             f"sweep={name}{_scale_arg(scale)}`") from e
+    return out
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def _arms(arms: Sequence[Mapping]) -> str:
+    """'electra 40.5M tokens, bert 49.2M tokens; 2e+14 FLOPs each' (FLOPs once when they agree to 2 digits)."""
+    pre = [a["pretraining"] for a in arms if a["pretraining"]]
+    flops = {f"{n['flops']:.2g}" for n in pre if n.get("flops")}
+    parts = [f"{a['label']} {_tokens(a['pretraining']['tokens'])} tokens" if a["pretraining"] else
+             f"{a['label']} not pre-trained" for a in arms]
+    if len(flops) == 1 and all(n.get("flops") for n in pre):
+        return ", ".join(parts) + f"; {flops.pop()} FLOPs" + (" each" if len(pre) > 1 else "")
+    return ", ".join(p + (f" ({a['pretraining']['flops']:.2g} FLOPs)" if (a["pretraining"] or {}).get("flops") else "")
+                     for p, a in zip(parts, arms))
+
+
+def _seeds(c: Mapping) -> str:
+    """'3 x 5' (pre-training x fine-tuning seeds) per pre-trained arm, the run count of an arm without
+    pre-training (each of its runs draws its own encoder); once when every arm has the same."""
+    parts = []
+    for a in c["arms"]:
+        label, groups, runs = a["label"], c["groups"].get(a["label"]), c["runs"].get(a["label"])
+        if groups is None or runs is None:
+            return "–"
+        parts.append(f"{groups} x {runs // groups}" if a["pretraining"] else f"{runs} runs")
+    return parts[0] if len(set(parts)) == 1 else " / ".join(parts)
+
+
+def _interval(c: Mapping) -> str:
+    if c.get("estimate") is None:
+        return "–"
+    names = ", ".join(vd.glue_task_names(c["tasks"]))
+    return f"{c['estimate']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] on {names}"
+
+
+def _verdict(c: Mapping) -> str:
+    if c["verdict"] in ("not run yet", "not run"):
+        return c["verdict"]
+    return f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
+
+
+def table(records: Sequence[Mapping]) -> list[str]:
+    """The markdown between the markers: one row per claim. A claim two reports test on the same runs (the
+    same arms, estimate and interval: shared runs of one MLflow experiment) is listed once, with both reports."""
+    rows: dict[tuple, list] = {}
+    pending = []
+    for r in records:
+        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else "not committed yet"
+        if not r.get("report"):
+            at = "" if r["scale"] is None else f" at scale `{r['scale']}`"
+            pending.append(f"- `{r['sweep']}`{at}: `{r['command']}`")
+        for c in r["claims"]:
+            key = (c["claim"], tuple(c["better"]), tuple(c["worse"]), c.get("estimate"), c.get("low"), c.get("high"))
+            if key in rows and c.get("estimate") is not None:
+                rows[key][-1] += f", {link}"
+                continue
+            paper = c["figure"] + (f": {c['paper']}" if c.get("paper") else "")
+            rows[key] = [c["claim"], paper, _verdict(c), _interval(c),
+                         _arms(c["arms"]) if c.get("arms") else "–", _seeds(c) if c.get("runs") else "–", link]
+    head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
+            "runs (pre-training x fine-tuning seeds)", "report"]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows.values()]
+    if pending:
+        out += ["", "Not run yet (each about 3 hours of two cores; it resumes where it stopped):", "", *pending]
+    return out
+
+
+def replace_section(text: str, lines: Sequence[str], where: str = "README.md") -> str:
+    """`text` with what lies between START and END replaced by `lines`."""
+    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
+        raise HoldsError(f"{where} needs one `{START}` line and, after it, one `{END}` line around the table")
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    return head + START + "\n" + "\n".join(lines) + "\n" + END + tail
+
+
+def sync(readme: Path = REPO_ROOT / "README.md", report_dir: Path = REPO_ROOT / "reports") -> bool:
+    """Rewrite the README's table from the reports in `report_dir`; True when it changed."""
+    text = readme.read_text()
+    new = replace_section(text, table(load_records(report_dir)), str(readme))
+    if new != text:
+        write_text(readme, new)
+    return new != text
+
+
+def is_cpu_scale(spec: SweepSpec) -> bool:
+    """Whether `spec`'s report is one the table joins (same sweep, same report file)."""
+    return any(spec.name == name and spec.report_name == load_sweep(name, scale).report_name for name, scale in CPU_SCALE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m electra_ablate.report.holds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say whether README.md's table is current (exit 1 if not)")
+    args = parser.parse_args(argv)
+    readme, reports = REPO_ROOT / "README.md", REPO_ROOT / "reports"
+    try:
+        if args.check:
+            current = replace_section(readme.read_text(), table(load_records(reports))) == readme.read_text()
+            print("README.md: 'What holds at CPU scale' is current" if current else
+                  "README.md: 'What holds at CPU scale' is out of date; run `python -m electra_ablate.report.holds`")
+            return 0 if current else 1
+        print(f"README.md: 'What holds at CPU scale' {'rewritten' if sync(readme, reports) else 'already current'}")
+    except HoldsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The README's "What holds at CPU scale" table: made from the CPU-scale reports' verdict records, current with
+the committed ones, a claim on shared runs listed once, a sweep not run yet listed with its command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from electra_ablate.report import build, holds
+from electra_ablate.report import multibootstrap as mb
+from electra_ablate.report.verdicts import Claim, Verdict
+from electra_ablate.sweep.compose import make_context
+from electra_ablate.sweep.spec import REPO_ROOT, load_sweep
+from electra_ablate.tracking import runs as tracking
+
+BERT = {"steps": 6000, "batch": 128, "seq": 64, "tokens": 49_152_000, "flops": 2.029e14}
+ELECTRA = {"steps": 4944, "batch": 128, "seq": 64, "tokens": 40_501_248, "flops": 2.030e14}
+
+
+def difference(estimate: float, low: float, high: float) -> mb.Difference:
+    return mb.Difference(estimate=estimate, low=low, high=high, sign_probability=0.99, sd=1.0, sd_seeds=0.8,
+                         sd_examples=0.5, mean_a=0.0, mean_b=0.0)
+
+
+def cpu_regime_verdicts() -> list[Verdict]:
+    vs = Claim("ELECTRA beats BERT", "Table 5", ("electra",), ("bert",), "85.0 vs 82.2 (+2.8)")
+    floor = Claim("Pre-training beats no pre-training (sanity check): bert > none", "none (floor of every table)",
+                  ("bert",), ("none",))
+    return [Verdict(vs, difference(-7.6682, -10.6271, -4.9763), ("sst2",), {"electra": 3, "bert": 3}, 5.0, True,
+                    "reversed", "–", runs={"electra": 15, "bert": 15}),
+            Verdict(floor, difference(2.8158, 0.6911, 5.2389), ("sst2",), {"bert": 3, "none": 15}, 3.0, True,
+                    "holds", "–", runs={"bert": 15, "none": 15})]
+
+
+def write_records(report_dir: Path, records: dict[str, list[Verdict]]) -> None:
+    for (name, scale), results in records.items():
+        spec = load_sweep(name, scale)
+        (report_dir / f"{spec.report_name}.md").write_text("# report\n")
+        holds.write_record(report_dir / spec.report_name / holds.RECORD, spec, results,
+                           {"bert": BERT, "electra": ELECTRA, "none": None})
+
+
+def test_the_readme_table_is_current_with_the_committed_reports():
+    text = (REPO_ROOT / "README.md").read_text()
+    expected = holds.replace_section(text, holds.table(holds.load_records(REPO_ROOT / "reports")))
+    assert expected == text, "README.md's 'What holds at CPU scale' is out of date: run `python -m electra_ablate.report.holds`"
+    assert holds.main(["--check"]) == 0
+
+
+def test_a_row_says_the_verdict_interval_scale_seeds_and_report(tmp_path):
+    write_records(tmp_path, {("cpu_regime", None): cpu_regime_verdicts()})
+    rows = [line for line in holds.table(holds.load_records(tmp_path)) if "reports/cpu_regime.md" in line]
+    assert rows == [
+        "| ELECTRA beats BERT | Table 5: 85.0 vs 82.2 (+2.8) | **reversed** | -7.67 [-10.63, -4.98] on SST-2 | "
+        "electra 40.5M tokens, bert 49.2M tokens; 2e+14 FLOPs each | 3 x 5 | [cpu_regime.md](reports/cpu_regime.md) |",
+        "| Pre-training beats no pre-training (sanity check): bert > none | none (floor of every table) | **holds** | "
+        "+2.82 [+0.69, +5.24] on SST-2 | bert 49.2M tokens, none not pre-trained; 2e+14 FLOPs | 3 x 5 / 15 runs | "
+        "[cpu_regime.md](reports/cpu_regime.md) |"]
+
+
+def test_a_claim_two_reports_test_on_the_same_runs_is_listed_once_with_both(tmp_path):
+    verdicts = cpu_regime_verdicts()
+    write_records(tmp_path, {("cpu_regime", None): verdicts, ("table5_efficiency", "cpu"): verdicts[:1]})
+    rows = [line for line in holds.table(holds.load_records(tmp_path)) if line.startswith("| ELECTRA beats BERT |")]
+    assert len(rows) == 1, rows
+    assert rows[0].endswith("[cpu_regime.md](reports/cpu_regime.md), "
+                            "[table5_efficiency_cpu.md](reports/table5_efficiency_cpu.md) |")
+
+
+def test_a_sweep_without_a_committed_report_lists_its_claims_and_the_command(tmp_path):
+    lines = holds.table(holds.load_records(tmp_path))
+    pending = [line for line in lines if line.startswith("|") and "not run yet" in line]
+    assert any(line.startswith("| Tying all weights beats no tying |") for line in pending)
+    assert any("Generators 1/4-1/2" in line for line in pending) and any("two-stage" in line for line in pending)
+    for name, scale in holds.CPU_SCALE:
+        assert any(f"sweep={name}{'' if scale is None else f' scale={scale}'} hydra/launcher=joblib" in line
+                   for line in lines), name
+    # A report whose record is missing (written before records were) counts as not committed.
+    (tmp_path / "weight_sharing_cpu.md").write_text("# report\n")
+    assert holds.load_records(tmp_path)[2]["report"] is None
+
+
+def test_the_section_needs_both_markers_and_only_its_lines_change():
+    text = f"intro\n{holds.START}\nold\n{holds.END}\nafter\n"
+    assert holds.replace_section(text, ["| a |"]) == f"intro\n{holds.START}\n| a |\n{holds.END}\nafter\n"
+    with pytest.raises(holds.HoldsError, match="needs one"):
+        holds.replace_section("no markers\n", ["| a |"])
+    with pytest.raises(holds.HoldsError, match="needs one"):
+        holds.replace_section(f"{holds.END}\n{holds.START}\n", ["| a |"])
+
+
+def test_a_bad_record_names_the_file_and_the_command_that_remakes_it(tmp_path):
+    write_records(tmp_path, {("cpu_regime", None): cpu_regime_verdicts()})
+    (tmp_path / "cpu_regime" / holds.RECORD).write_text("{half")
+    with pytest.raises(holds.HoldsError, match=r"cpu_regime/verdicts.json is not JSON.*sweep=cpu_regime`"):
+        holds.load_records(tmp_path)
+
+
+def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp_path, data_dir, monkeypatch):
+    """Into the repository's reports/ (here a stand-in), the README follows; into any other folder it does not."""
+    repo = tmp_path / "repo"
+    (repo / "reports").mkdir(parents=True)
+    readme = repo / "README.md"
+    readme.write_text(f"# x\n{holds.START}\n{holds.END}\n")
+    monkeypatch.setattr(build, "REPO_ROOT", repo)
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "cache")}
+    ctx = make_context("weight_sharing", "cpu", paths, f"sqlite:///{tmp_path}/mlflow.db")
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+
+    build.write_report(ctx, client, tmp_path / "elsewhere")
+    assert (tmp_path / "elsewhere" / "weight_sharing_cpu" / holds.RECORD).is_file()
+    assert readme.read_text() == f"# x\n{holds.START}\n{holds.END}\n"
+
+    build.write_report(ctx, client, repo / "reports")
+    record = json.loads((repo / "reports" / "weight_sharing_cpu" / holds.RECORD).read_text())
+    assert record["report"] == "weight_sharing_cpu.md" and {c["verdict"] for c in record["claims"]} == {"not run"}
+    text = readme.read_text()
+    assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
+    assert "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md)" in text
