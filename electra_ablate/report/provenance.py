@@ -13,7 +13,7 @@ import pandas as pd
 
 from electra_ablate.report import arms
 from electra_ablate.report.collect import SweepData, is_missing
-from electra_ablate.sweep.provenance import environment
+from electra_ablate.sweep.provenance import environment, process_gone
 from electra_ablate.tracking import runs as tracking
 
 
@@ -61,12 +61,23 @@ def _vocab_list(vocabs: Mapping[str, set[str]]) -> str:
                      for label, ds in vocabs.items())
 
 
+def _status(r: pd.Series, running_sweep_run: str | None) -> str:
+    """A sweep record's status; a RUNNING one whose process has ended (killed or cut off) says so."""
+    if r["run_id"] == running_sweep_run:
+        return "RUNNING (this report)"
+    tags = {k.removeprefix("tags."): v for k, v in r.items() if k.startswith("tags.") and isinstance(v, str)}
+    if r["status"] == "RUNNING" and process_gone(tags):
+        return "RUNNING in MLflow, but its process has ended (killed or cut off; the next sweep marks it KILLED)"
+    return str(r["status"])
+
+
 def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None) -> str:
     frame = data.frame
     lines = []
     sweeps = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "sweep"] if len(frame) else frame
-    if len(sweeps):
-        sweeps = sweeps[sweeps.get("tags.scale", pd.Series(dtype=str)) == data.ctx.spec.scale_name]
+    if len(sweeps):  # this sweep at this scale: sweeps naming one experiment share it
+        sweeps = sweeps[(sweeps.get("tags.scale", pd.Series(dtype=str)) == data.ctx.spec.scale_name)
+                        & (sweeps.get("tags.sweep", pd.Series(dtype=str)) == data.ctx.spec.name)]
         sweeps = sweeps.sort_values("start_time")
     if len(sweeps):
         lines.append("Sweep invocations (oldest first; each phase launches only what was not already finished):")
@@ -74,7 +85,7 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
         for _, r in sweeps.iterrows():
             wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
             lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
-                         f"status {'RUNNING (this report)' if r['run_id'] == running_sweep_run else r['status']}, "
+                         f"status {_status(r, running_sweep_run)}, "
                          f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
             for name in ("pretrain", "finetune"):
                 col = f"tags.phase.{name}"

@@ -38,7 +38,7 @@ from electra_ablate.common import cli
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
-from electra_ablate.sweep.provenance import environment
+from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
 from electra_ablate.tracking import runs as tracking
 
@@ -150,12 +150,14 @@ def run_sweep(
     env = environment()
     record = None
     if not dry_run:
+        for run_id in retire_dead_sweeps(client, ctx):
+            log.info("sweep record %s was left RUNNING by a process that has ended: marked KILLED", run_id)
         record = tracking.RunLogger.start(
             client, ctx.experiment, f"sweep-{ctx.spec.scale_name}",
             tags={tracking.TAG_KIND: "sweep", tracking.TAG_SWEEP: ctx.spec.name, "scale": ctx.spec.scale_name,
                   "command": command or f"python -m electra_ablate.sweep sweep={ctx.spec.name}",
                   "launcher": " ".join(launcher) or "hydra/launcher=basic", "git_commit": tracking.git_commit(),
-                  **env})
+                  **env, **process()})
     results: list[PhaseResult] = []
     report_path = None
     tic = time.perf_counter()
@@ -173,14 +175,27 @@ def run_sweep(
             report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
                                        running_sweep_run=record.run_id if record else None,
                                        running_wall_time=time.perf_counter() - tic)
-    except BaseException:
+    except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
         if record is not None:
-            record.finish("FAILED")
+            record.finish(*tracking.end_status(error))
         raise
     if record is not None:
         record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
         record.finish("FINISHED")
     return SweepResult(results, report_path)
+
+
+def retire_dead_sweeps(client, ctx: SweepContext) -> list[str]:
+    """Mark KILLED (with the reason) this sweep's records that a process which has since ended left RUNNING
+    (a SIGKILL, or the end of a session, gives no chance to finish them); records of live processes, other
+    machines or other boots stay as they are (provenance.process_gone)."""
+    exp = client.get_experiment_by_name(ctx.experiment)
+    if exp is None:
+        return []
+    found = client.search_runs([exp.experiment_id], max_results=1000, filter_string=(
+        f"tags.{tracking.TAG_KIND} = 'sweep' and tags.{tracking.TAG_SWEEP} = '{ctx.spec.name}' "
+        "and attributes.status = 'RUNNING'"))
+    return tracking.retire_stale(client, [r for r in found if process_gone(r.data.tags)], keep=None)
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")

@@ -1,0 +1,83 @@
+"""A sweep's own MLflow record (kind=sweep): a record left RUNNING by a process that has ended is told from a
+live one, retired by the next sweep and named so in the report; sweeps sharing one experiment list only their
+own invocations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from electra_ablate.report.build import write_report
+from electra_ablate.sweep import provenance
+from electra_ablate.sweep.compose import make_context
+from electra_ablate.sweep.run import retire_dead_sweeps, run_sweep
+from electra_ablate.tracking import runs as tracking
+
+
+def ended_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def record(client, experiment: str, sweep: str, scale: str, **process) -> str:
+    tags = {tracking.TAG_KIND: "sweep", tracking.TAG_SWEEP: sweep, "scale": scale, "command": f"sweep={sweep} {process}",
+            **provenance.process(), **process}
+    return tracking.RunLogger.start(client, experiment, f"sweep-{scale}", tags).run_id
+
+
+def test_only_a_process_known_to_have_ended_is_gone():
+    me = provenance.process()
+    assert provenance.process_gone(me) is False
+    assert provenance.process_gone({**me, "pid": str(ended_pid())}) is True
+    assert provenance.process_gone({**me, "pid": str(ended_pid()), "boot_id": "another-boot"}) is False
+    assert provenance.process_gone({**me, "pid": str(ended_pid()), "host": "another-host"}) is False
+    assert provenance.process_gone({"host": me["host"], "boot_id": me["boot_id"]}) is False  # no pid recorded
+
+
+def test_the_next_sweep_retires_its_dead_records_and_the_report_says_which_ended(tmp_path, data_dir):
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "cache")}
+    ctx = make_context("weight_sharing", "cpu", paths, f"sqlite:///{tmp_path}/mlflow.db")
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    dead = record(client, ctx.experiment, "weight_sharing", "cpu", pid=str(ended_pid()))
+    alive = record(client, ctx.experiment, "weight_sharing", "cpu")
+    elsewhere = record(client, ctx.experiment, "weight_sharing", "cpu", pid=str(ended_pid()), boot_id="another-boot")
+    other_sweep = record(client, ctx.experiment, "table5_efficiency", "cpu", pid=str(ended_pid()))
+
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
+    produced = text.split("## How this was produced")[1]
+    assert produced.count("status RUNNING in MLflow, but its process has ended") == 1, produced
+    assert "sweep=table5_efficiency" not in produced, "another sweep of the shared experiment is listed"
+
+    assert retire_dead_sweeps(client, ctx) == [dead]
+    status = {r: client.get_run(r).info.status for r in (dead, alive, elsewhere, other_sweep)}
+    assert status == {dead: "KILLED", alive: "RUNNING", elsewhere: "RUNNING", other_sweep: "RUNNING"}
+    assert "process that died" in client.get_run(dead).data.tags[tracking.TAG_END_REASON]
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
+    assert "its process has ended" not in text and "status KILLED" in text
+
+
+def test_a_sweep_stopped_by_ctrl_c_is_killed_and_one_that_breaks_failed_with_the_reason(tmp_path, data_dir):
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "cache")}
+    ctx = make_context("weight_sharing", "cpu", paths, f"sqlite:///{tmp_path}/mlflow.db")
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    for writer, error in ((stopped, KeyboardInterrupt), (broken, OSError)):
+        with pytest.raises(error):
+            run_sweep(ctx, [], ["report"], tmp_path / "reports", False, "python -m electra_ablate.sweep", writer)
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    exp = client.get_experiment_by_name(ctx.experiment)
+    runs = client.search_runs([exp.experiment_id], f"tags.{tracking.TAG_KIND} = 'sweep'",
+                              order_by=["attributes.start_time ASC"])
+    assert [(r.info.status, r.data.tags[tracking.TAG_END_REASON]) for r in runs] == [
+        ("KILLED", "stopped by KeyboardInterrupt (SIGINT/SIGTERM)"), ("FAILED", "OSError: disk full")]
