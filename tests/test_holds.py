@@ -120,3 +120,13 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     text = readme.read_text()
     assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
     assert "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md)" in text
+
+
+def test_a_report_with_jobs_missing_is_marked_incomplete(tmp_path):
+    spec = load_sweep("table5_efficiency", "cpu")
+    (tmp_path / f"{spec.report_name}.md").write_text("# report\n")
+    holds.write_record(tmp_path / spec.report_name / holds.RECORD, spec, cpu_regime_verdicts()[:1],
+                       {"bert": BERT, "electra": ELECTRA}, ["pre-training electra_15 seed 2: missing", "x: FAILED"])
+    (row,) = [line for line in holds.table(holds.load_records(tmp_path)) if "table5_efficiency_cpu.md" in line]
+    assert row.endswith("[table5_efficiency_cpu.md](reports/table5_efficiency_cpu.md) (incomplete: 2 jobs of its "
+                        "grid missing or failed) |"), row

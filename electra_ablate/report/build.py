@@ -75,7 +75,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
     results = verdicts.verdicts(ctx.spec, final, client, load_paper_results(), predictions=data.predictions)
-    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain))
+    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems)
     closing = pretrain_recipe_lines(data.pretrain) + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",

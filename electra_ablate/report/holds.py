@@ -39,9 +39,11 @@ class HoldsError(ValueError):
     """The README has no place for the table, or a record cannot be read."""
 
 
-def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None]) -> dict:
-    """What one report concluded, as data: its verdicts and each compared arm's pre-training per run
-    (`scale`: arms.numbers; None for an arm without pre-training)."""
+def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
+           problems: Sequence[str] = ()) -> dict:
+    """What one report concluded, as data: its verdicts, each compared arm's pre-training per run (`scale`:
+    arms.numbers; None for an arm without pre-training) and how many jobs of its grid are missing or failed
+    (`problems`: the report's list; the table marks such a report incomplete)."""
     claims = []
     for v in results:
         c, d = v.claim, v.difference
@@ -56,11 +58,13 @@ def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, d
             "groups": dict(v.groups), "runs": dict(v.runs),
             "arms": [{"label": a, "pretraining": scale.get(a)} for a in arms],
         })
-    return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims}
+    return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims,
+            "missing_or_failed": len(problems)}
 
 
-def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None]) -> None:
-    write_text(path, json.dumps(record(spec, results, scale), indent=1, sort_keys=True) + "\n")
+def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
+                 problems: Sequence[str] = ()) -> None:
+    write_text(path, json.dumps(record(spec, results, scale, problems), indent=1, sort_keys=True) + "\n")
 
 
 def _command(name: str, scale: str | None) -> str:
@@ -144,6 +148,8 @@ def table(records: Sequence[Mapping]) -> list[str]:
     pending = []
     for r in records:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else "not committed yet"
+        if r.get("missing_or_failed"):
+            link += f" (incomplete: {r['missing_or_failed']} jobs of its grid missing or failed)"
         if not r.get("report"):
             at = "" if r["scale"] is None else f" at scale `{r['scale']}`"
             pending.append(f"- `{r['sweep']}`{at}: `{r['command']}`")
