@@ -56,7 +56,8 @@ def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, d
             "high": None if d is None else round(d.high, 4),
             "p_sign": None if d is None else round(d.sign_probability, 4),
             "groups": dict(v.groups), "runs": dict(v.runs),
-            "arms": [{"label": a, "pretraining": scale.get(a)} for a in arms],
+            "arms": [{"label": a, "pretraining": scale.get(a), "pretrained": vd.pretrained(spec.variant(a))}
+                     for a in arms],
         })
     return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims,
             "missing_or_failed": len(problems)}
@@ -109,7 +110,7 @@ def _arms(arms: Sequence[Mapping]) -> str:
     pre = [a["pretraining"] for a in arms if a["pretraining"]]
     flops = {f"{n['flops']:.2g}" for n in pre if n.get("flops")}
     parts = [f"{a['label']} {_tokens(a['pretraining']['tokens'])} tokens" if a["pretraining"] else
-             f"{a['label']} not pre-trained" for a in arms]
+             f"{a['label']} not run yet" if a.get("pretrained", False) else f"{a['label']} not pre-trained" for a in arms]
     if len(flops) == 1 and all(n.get("flops") for n in pre):
         return ", ".join(parts) + f"; {flops.pop()} FLOPs" + (" each" if len(pre) > 1 else "")
     return ", ".join(p + (f" ({a['pretraining']['flops']:.2g} FLOPs)" if (a["pretraining"] or {}).get("flops") else "")
@@ -145,11 +146,14 @@ def table(records: Sequence[Mapping]) -> list[str]:
     """The markdown between the markers: one row per claim. A claim two reports test on the same runs (the
     same arms, estimate and interval: shared runs of one MLflow experiment) is listed once, with both reports."""
     rows: dict[tuple, list] = {}
-    pending = []
+    pending, incomplete = [], []
     for r in records:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else "not committed yet"
         if r.get("missing_or_failed"):
-            link += f" (incomplete: {r['missing_or_failed']} jobs of its grid missing or failed)"
+            link += " (incomplete)"
+            incomplete.append(f"- [{r['report']}](reports/{r['report']}): {r['missing_or_failed']} jobs of its grid "
+                              f"missing or failed (the report lists them); `{_command(r['sweep'], r['scale'])}` "
+                              "runs what is missing")
         if not r.get("report"):
             at = "" if r["scale"] is None else f" at scale `{r['scale']}`"
             pending.append(f"- `{r['sweep']}`{at}: `{r['command']}`")
@@ -165,6 +169,8 @@ def table(records: Sequence[Mapping]) -> list[str]:
             "runs (pre-training x fine-tuning seeds)", "report"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows.values()]
+    if incomplete:
+        out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:
         out += ["", "Not run yet (each about 3 hours of two cores; it resumes where it stopped):", "", *pending]
     return out
