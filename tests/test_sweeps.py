@@ -156,6 +156,10 @@ BAD = {
     "unknown task": ("tasks: [rtee]\nvariants: {a: {}}\n", r"tasks=\['rtee'\] must be"),
     "scale names unknown variant": ("tasks: [rte]\nvariants: {a: {}}\ndefault_scale: t\nscales: {t: {variants: {b: {}}}}\n",
                                     r"scales.t.variants names \['b'\]"),
+    "pre-trained variants beside axes": ("tasks: [rte]\naxes: {g: {a: {}, b: {}}}\nvariants: {c: {objective: bert}}\n",
+                                         r"beside `axes`, `variants` may only add arms without pre-training .*not \['c'\]"),
+    "a scale adds a pre-trained arm beside axes": ("tasks: [rte]\naxes: {g: {a: {}}}\ndefault_scale: t\n"
+                                                   "scales: {t: {variants: {c: {objective: bert}}}}\n", r"scales.t.variants names \['c'\]"),
     "pretrained with overrides": ("tasks: [rte]\nvariants: {a: {pretrained: 'hf:x', objective: bert}}\n", r"would be ignored"),
     "random init of an unknown variant": ("tasks: [rte]\nvariants: {a: {}, none: {random_init_of: b}}\n",
                                           r"random_init_of='b', which must name a pre-trained variant"),
@@ -569,13 +573,27 @@ def test_generator_size_at_cpu_scale_drops_an_option_and_reuses_the_cpu_regime_e
 
     ctx = context("generator_size", "cpu", tmp_path / "g", data_dir)
     labels = [v.label for v in ctx.spec.variants]
-    assert labels == ["d128-g1_8", "d128-g1_4", "d128-g1_2", "d128-g1", "d128-unigram"]  # g3_4: null drops it
+    assert labels == ["d128-g1_8", "d128-g1_4", "d128-g1_2", "d128-g1", "d128-unigram", "random_init"]  # g3_4: null drops it
+    assert ctx.spec.variant("random_init").random_init_of == "d128-g1_4" and not ctx.spec.variant("random_init").axes
     assert [v.label for v in load_sweep("generator_size", "tiny").variants if "g3_4" in v.label]  # elsewhere kept
     regime = context("cpu_regime", "tiny", tmp_path / "cr", data_dir)
     electra = regime.compose_pretrain(PretrainJob("electra", 0))
     assert config_hash(ctx.compose_pretrain(PretrainJob("d128-g1_4", 0))) == config_hash(electra)
-    for label in labels:
+    for label in labels[:-1]:
         cfg = ctx.compose_pretrain(PretrainJob(label, 0))
         assert (cfg.preset, cfg.trainer.max_steps, cfg.optim.lr) == ("cpu_regime", 4944, 5e-4), label
         assert encoder(cfg) == encoder(electra) and cfg.data == electra.data, label
     assert ctx.experiment == "cpu_regime" and len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5
+
+
+def test_a_scale_drops_a_variant_with_null(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("tasks: [rte]\nvariants: {a: {}, b: {objective: bert}}\ndefault_scale: t\n"
+                    "scales: {t: {variants: {b: null}}, u: {}}\n")
+    assert [v.label for v in load_sweep(str(path)).variants] == ["a"]
+    assert [v.label for v in load_sweep(str(path), "u").variants] == ["a", "b"]
+    algorithms = load_sweep("training_algorithms", "cpu")
+    assert "learned_lambda" not in [v.label for v in algorithms.variants]  # for a third seed of the paper's arms
+    assert "learned_lambda" in [v.label for v in load_sweep("training_algorithms", "tiny").variants]
+    assert set(algorithms.pretrain_seeds) <= set(load_sweep("cpu_regime").pretrain_seeds)  # joint and BERT reused
+    assert len(algorithms.pretrain_seeds) >= 3

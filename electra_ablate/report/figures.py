@@ -68,6 +68,8 @@ def generator_size_figure(data: SweepData, path: Path) -> bool:
         for j, (_, u) in enumerate(g[g["gen"].isna()].iterrows()):
             ax.errorbar([left - 0.3 * j], [u["median"]], yerr=[[u["median"] - u["q25"]], [u["q75"] - u["median"]]],
                         fmt="s", color=color, capsize=3)
+    for label, floor in random_init_floors(data).items():  # the floor every generator has to clear
+        ax.axhline(floor, ls=":", color="0.4", label=f"{label} (no pre-training)")
     ticks = sorted(set(np.log2(neural["gen"].astype(float)))) if len(neural) else []
     labels = [str(int(2 ** t)) for t in ticks]
     kinds = sorted(set(pts[pts["gen"].isna()]["kind"]))

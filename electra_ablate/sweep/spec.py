@@ -40,7 +40,7 @@ TOP_KEYS = {
     "checkpoints": "fractions of trainer.max_steps whose checkpoints are fine-tuned (1.0 = the final one)",
     "pretrain": "overrides for every pre-training job",
     "finetune": "overrides for every fine-tuning job",
-    "variants": "label -> overrides of one variant",
+    "variants": "label -> overrides of one variant (beside `axes`: only arms without pre-training, such as the floor)",
     "axes": "axis -> {option -> overrides}: the variants are the product of the axes (a scale drops an option with null)",
 }
 VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
@@ -122,6 +122,11 @@ def _merge(base: Mapping, overlay: Mapping) -> dict:
     return out
 
 
+def _unpretrained(body) -> bool:
+    """A variant body that fine-tunes without pre-training in the sweep: `random_init_of` or `pretrained`."""
+    return isinstance(body, Mapping) and ("random_init_of" in body or "pretrained" in body)
+
+
 def _int_list(raw, where: str) -> tuple[int, ...]:
     values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
@@ -151,20 +156,28 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         if bad:
             raise SweepError(f"{where}: scales.{scale} has unknown key(s) {bad}")
         extra_variants = sorted(set((scales[scale] or {}).get("variants") or {}) - set(raw.get("variants") or {}))
+        if "axes" in raw:  # beside a product, a scale may add arms without pre-training (its random-init floor)
+            extra_variants = [v for v in extra_variants if not _unpretrained(scales[scale]["variants"][v])]
         if extra_variants:
             raise SweepError(f"{where}: scales.{scale}.variants names {extra_variants}, which are not variants of the sweep")
         overlay = scales[scale] or {}
         raw = _merge(raw, overlay)
-        # A scale drops an axis option by setting it to null (`g3_4: null`): its sweep leaves that arm out.
+        # A scale drops an axis option or a variant by setting it to null (`g3_4: null`): its sweep leaves that
+        # arm out.
         for axis, options in (overlay.get("axes") or {}).items():
             for option in [o for o, body in (options or {}).items() if body is None]:
                 del raw["axes"][axis][option]
+        for label in [v for v, body in (overlay.get("variants") or {}).items() if body is None]:
+            del raw["variants"][label]
     elif scale is not None:
         raise SweepError(f"{where} has no `scales`, so scale={scale!r} means nothing; leave scale unset")
 
     name_ = str(raw.get("name") or path.stem)
-    if "variants" in raw and "axes" in raw:
-        raise SweepError(f"{where}: give `variants` or `axes` (their product), not both")
+    if "axes" in raw:
+        trained = sorted(v for v, body in (raw.get("variants") or {}).items() if not _unpretrained(body))
+        if trained:
+            raise SweepError(f"{where}: give `variants` or `axes` (their product), not both; beside `axes`, `variants` "
+                             f"may only add arms without pre-training (random_init_of or pretrained), not {trained}")
     variants = _variants(raw, where)
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
@@ -225,6 +238,7 @@ def _variants(raw: dict, where: str) -> list[Variant]:
                 merged = _merge(merged, options or {})
             label = "-".join(str(name) for name, _ in combo)
             entries.append((label, merged, {axis: str(name) for axis, (name, _) in zip(axes, combo)}))
+        entries += [(str(label), body, {}) for label, body in (raw.get("variants") or {}).items()]
     elif raw.get("variants"):
         entries = [(str(label), body or {}, {}) for label, body in raw["variants"].items()]
     else:
