@@ -29,7 +29,7 @@ from electra_ablate.report import arms, expected_max, holds, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import generator_size_figure, glue_figure, learning_curves_figure
 from electra_ablate.report.markdown import TASK_NAMES, render
-from electra_ablate.report.paper import load_paper_results
+from electra_ablate.report.paper import load_paper_results, paper_row
 from electra_ablate.report.provenance import provenance
 from electra_ablate.report.recipe import pretrain_recipe_lines, recipe_lines
 from electra_ablate.report.stats import Summary, summarize
@@ -74,9 +74,12 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         titles = {**{t: TASK_NAMES[t] for t in summary.tasks}, "glue": verdicts.glue_label(summary.tasks)}
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
-    results = verdicts.verdicts(ctx.spec, final, client, load_paper_results(), predictions=data.predictions)
+    paper = load_paper_results()
+    results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems)
-    closing = pretrain_recipe_lines(data.pretrain) + recipe_lines(final, data.frame) + verdicts.render(results)
+    paper_rows = {v.label: paper_row(ctx.spec, v.label, paper)[0] for v in ctx.spec.variants}
+    closing = (pretrain_recipe_lines(data.pretrain) + arms.end_of_pretraining_lines(ctx.spec, data.pretrain, paper_rows)
+               + recipe_lines(final, data.frame) + verdicts.render(results))
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]
