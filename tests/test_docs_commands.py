@@ -346,7 +346,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
               replace={"sweep=cpu_regime": "sweep={tmp}/cpu_regime.yaml"}, setup=write_cpu_regime_2x2,
               check=check_regime_report),
-    # README: what holds at CPU scale (the table's command and the sweeps not committed yet)
+    # README: what holds at CPU scale (the table's command); docs/cpu_scale.md: the four ablation sweeps at scale cpu
     "python -m electra_ablate.report.holds":
         Smoke(replace={"report.holds": "report.holds --check"}, check=check_holds_current, slow=False),
     **{f"OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep={name} scale=cpu hydra/launcher=joblib "

@@ -134,6 +134,30 @@ def _int_list(raw, where: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _apply_scale(raw: dict, scales: Mapping, scale, where: str) -> dict:
+    """The sweep file with scales.<scale> merged over it, after checking that the scale exists and names only
+    known keys and variants."""
+    if scale not in scales:
+        raise SweepError(f"{where}: scale={scale!r} is not one of its scales {sorted(scales)} (pass scale=<one of them>)")
+    overlay = scales[scale] or {}
+    bad = sorted(set(overlay) - set(TOP_KEYS) - {"axes"})
+    if bad:
+        raise SweepError(f"{where}: scales.{scale} has unknown key(s) {bad}")
+    extra_variants = sorted(set(overlay.get("variants") or {}) - set(raw.get("variants") or {}))
+    if "axes" in raw:  # beside a product, a scale may add arms without pre-training (its random-init floor)
+        extra_variants = [v for v in extra_variants if not _unpretrained(overlay["variants"][v])]
+    if extra_variants:
+        raise SweepError(f"{where}: scales.{scale}.variants names {extra_variants}, which are not variants of the sweep")
+    raw = _merge(raw, overlay)
+    # A scale drops an axis option or a variant by setting it to null (`g3_4: null`): its sweep leaves that arm out.
+    for axis, options in (overlay.get("axes") or {}).items():
+        for option in [o for o, body in (options or {}).items() if body is None]:
+            del raw["axes"][axis][option]
+    for label in [v for v, body in (overlay.get("variants") or {}).items() if body is None]:
+        del raw["variants"][label]
+    return raw
+
+
 def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     """Read sweeps/<name>.yaml (or a path) at `scale`, with every check that needs no config composition."""
     path = sweep_path(name)
@@ -150,25 +174,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     scales = raw.pop("scales", None) or {}
     scale = scale or raw.get("default_scale")
     if scales:
-        if scale not in scales:
-            raise SweepError(f"{where}: scale={scale!r} is not one of its scales {sorted(scales)} (pass scale=<one of them>)")
-        bad = sorted(set(scales[scale] or {}) - set(TOP_KEYS) - {"axes"})
-        if bad:
-            raise SweepError(f"{where}: scales.{scale} has unknown key(s) {bad}")
-        extra_variants = sorted(set((scales[scale] or {}).get("variants") or {}) - set(raw.get("variants") or {}))
-        if "axes" in raw:  # beside a product, a scale may add arms without pre-training (its random-init floor)
-            extra_variants = [v for v in extra_variants if not _unpretrained(scales[scale]["variants"][v])]
-        if extra_variants:
-            raise SweepError(f"{where}: scales.{scale}.variants names {extra_variants}, which are not variants of the sweep")
-        overlay = scales[scale] or {}
-        raw = _merge(raw, overlay)
-        # A scale drops an axis option or a variant by setting it to null (`g3_4: null`): its sweep leaves that
-        # arm out.
-        for axis, options in (overlay.get("axes") or {}).items():
-            for option in [o for o, body in (options or {}).items() if body is None]:
-                del raw["axes"][axis][option]
-        for label in [v for v, body in (overlay.get("variants") or {}).items() if body is None]:
-            del raw["variants"][label]
+        raw = _apply_scale(raw, scales, scale, where)
     elif scale is not None:
         raise SweepError(f"{where} has no `scales`, so scale={scale!r} means nothing; leave scale unset")
 
