@@ -285,22 +285,23 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
     from types import SimpleNamespace
 
     from electra_ablate.report import arms
+    from electra_ablate.report.markdown import end_of_pretraining_section
 
     def state(variant, **metrics):
         run = SimpleNamespace(data=SimpleNamespace(metrics={f"train/{k}": v for k, v in metrics.items()}))
         return SimpleNamespace(job=SimpleNamespace(variant=variant), run=run)
 
+    # training_algorithms' arms; two_stage given a masked LM's metrics with a generator, as All-Tokens MLM logs
     states = [state("bert", mlm_loss=2.4, masked_lm_accuracy=0.50), state("bert", mlm_loss=2.5, masked_lm_accuracy=0.40),
-              state("electra", mlm_loss=4.8, masked_lm_accuracy=0.18, disc_auc=0.63, replaced_fraction=0.12),
-              state("all_tokens_mlm", masked_lm_accuracy=0.22, gen_masked_lm_accuracy=0.29, replaced_fraction=0.11),
+              state("joint", mlm_loss=4.8, masked_lm_accuracy=0.18, disc_auc=0.63, replaced_fraction=0.12),
+              state("two_stage", masked_lm_accuracy=0.22, gen_masked_lm_accuracy=0.29, replaced_fraction=0.11),
               SimpleNamespace(job=SimpleNamespace(variant="adversarial"), run=None)]  # not finished: no row
-    electra = arms.end_of_pretraining(states[2].run)
-    assert electra["generator_mlm_accuracy"] == 0.18 and electra["encoder_mlm_accuracy"] is None  # the generator's
+    joint = arms.end_of_pretraining(states[2].run)
+    assert joint["generator_mlm_accuracy"] == 0.18 and joint["encoder_mlm_accuracy"] is None  # the generator's
     assert arms.end_of_pretraining(states[3].run)["encoder_mlm_accuracy"] == 0.22
-    spec = SimpleNamespace(variants=[SimpleNamespace(label=v) for v in ("electra", "bert", "all_tokens_mlm", "adversarial", "none")])
-    lines = arms.end_of_pretraining_lines(spec, states, {"electra": {"generator_mlm_accuracy": 65}, "bert": None})
-    rows = [line for line in lines if line.startswith("| ")]
-    assert rows[0].endswith("| paper: generator's MLM accuracy |")
-    assert rows[1:] == ["| electra | 1 | – | 18.0 | 0.630 | 12.0 | 65 |", "| bert | 2 | 45.0 | – | – | – | – |",
-                        "| all_tokens_mlm | 1 | 22.0 | 29.0 | – | 11.0 | – |"]
-    assert arms.end_of_pretraining_lines(spec, states[4:], {}) == []
+    spec = load_sweep("training_algorithms", "cpu")
+    rows = [line for line in "\n".join(end_of_pretraining_section(spec, states)).splitlines() if line.startswith("| ")]
+    assert rows[0].endswith("| paper: generator's MLM accuracy |")  # paper Appendix F: joint 65, adversarial 58
+    assert rows[1:] == ["| joint | 1 | – | 18.0 | 0.630 | 12.0 | 65 |", "| two_stage | 1 | 22.0 | 29.0 | – | 11.0 | – |",
+                        "| bert | 2 | 45.0 | – | – | – | – |"]
+    assert end_of_pretraining_section(spec, states[4:]) == []

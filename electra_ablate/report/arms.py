@@ -145,47 +145,6 @@ def end_of_pretraining(run) -> dict[str, float | None]:
     acc = m.get("train/masked_lm_accuracy")
     detector = "train/disc_auc" in m  # ELECTRA's objectives: masked_lm_accuracy is then the generator's
     generator = m.get("train/gen_masked_lm_accuracy", acc if detector else None)
-    return {"mlm_loss": None if detector else m.get("train/mlm_loss"),
-            "encoder_mlm_accuracy": None if detector else acc, "generator_mlm_accuracy": generator,
+    return {"encoder_mlm_accuracy": None if detector else acc, "generator_mlm_accuracy": generator,
             "disc_auc": m.get("train/disc_auc"), "replaced_fraction": m.get("train/replaced_fraction")}
 
-
-END_COLUMNS = (("encoder_mlm_accuracy", "encoder's MLM accuracy", 100), ("generator_mlm_accuracy", "generator's MLM accuracy", 100),
-               ("disc_auc", "discriminator ROC AUC", 1), ("replaced_fraction", "share of tokens replaced", 100))
-
-
-def end_of_pretraining_lines(spec, pretrain_states, paper_rows: Mapping[str, Mapping | None]) -> list[str]:
-    """The "Pre-training at its end" section: per pre-trained arm, the medians over its finished runs of
-    end_of_pretraining, beside the paper's generator MLM accuracy where it gives one; [] without runs."""
-    import statistics
-
-    by_arm: dict[str, list[dict]] = {}
-    for s in pretrain_states:
-        if s.run is not None:
-            by_arm.setdefault(s.job.variant, []).append(end_of_pretraining(s.run))
-    if not by_arm:
-        return []
-    paper_acc = {label: (row or {}).get("generator_mlm_accuracy") for label, row in paper_rows.items()}
-    with_paper = any(v is not None for v in paper_acc.values())
-    rows = []
-    for v in spec.variants:
-        if v.label not in by_arm:
-            continue
-        cells = [v.label, str(len(by_arm[v.label]))]
-        for key, _, scale in END_COLUMNS:
-            values = [r[key] for r in by_arm[v.label] if r[key] is not None]
-            digits = 1 if scale == 100 else 3
-            cells.append(f"{statistics.median(values) * scale:.{digits}f}" if values else "–")
-        if with_paper:
-            cells.append("–" if paper_acc.get(v.label) is None else f"{paper_acc[v.label]:g}")
-        rows.append(cells)
-    header = ["variant", "runs", *(title for _, title, _ in END_COLUMNS), *(["paper: generator's MLM accuracy"] if with_paper else [])]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return ["## Pre-training at its end", "",
-            "What each pre-trained arm reached in its last logged window of training batches (median over its "
-            "pre-training runs): masked-LM accuracies in % at the masked positions (the encoder's where the encoder "
-            "is a masked LM; the generator's where there is one), and the discriminator's ROC AUC (0.5 is chance) "
-            "with the share of replaced tokens, both over the positions its loss covers: every token for ELECTRA, "
-            "the masked 15% for ELECTRA 15%, whose numbers are therefore not comparable with ELECTRA's. These "
-            "numbers explain the GLUE table; they do not enter the verdicts.", "", *lines, ""]

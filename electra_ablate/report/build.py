@@ -28,8 +28,8 @@ from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.report import arms, expected_max, holds, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import generator_size_figure, glue_figure, learning_curves_figure
-from electra_ablate.report.markdown import TASK_NAMES, render
-from electra_ablate.report.paper import load_paper_results, paper_row
+from electra_ablate.report.markdown import TASK_NAMES, end_of_pretraining_section, render
+from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.provenance import provenance
 from electra_ablate.report.recipe import pretrain_recipe_lines, recipe_lines
 from electra_ablate.report.stats import Summary, summarize
@@ -77,8 +77,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     paper = load_paper_results()
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems)
-    paper_rows = {v.label: paper_row(ctx.spec, v.label, paper)[0] for v in ctx.spec.variants}
-    closing = (pretrain_recipe_lines(data.pretrain) + arms.end_of_pretraining_lines(ctx.spec, data.pretrain, paper_rows)
+    closing = (pretrain_recipe_lines(data.pretrain) + end_of_pretraining_section(ctx.spec, data.pretrain, paper)
                + recipe_lines(final, data.frame) + verdicts.render(results))
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",

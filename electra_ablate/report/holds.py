@@ -18,6 +18,7 @@ from pathlib import Path
 
 from electra_ablate.common.io import write_text
 from electra_ablate.report import verdicts as vd
+from electra_ablate.report.markdown import table as markdown_table
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.sweep.spec import REPO_ROOT, SweepSpec, load_sweep
 
@@ -167,8 +168,7 @@ def table(records: Sequence[Mapping]) -> list[str]:
                          _arms(c["arms"]) if c.get("arms") else "–", _seeds(c) if c.get("runs") else "–", link]
     head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
             "runs (pre-training x fine-tuning seeds)", "report"]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows.values()]
+    out = markdown_table(head, list(rows.values())).splitlines()
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:

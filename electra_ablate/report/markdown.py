@@ -9,6 +9,7 @@ numbers are equal as displayed (`a = b`): a report never orders what it cannot t
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 
@@ -283,3 +284,39 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
               f"{short_glue(tasks)} (median)", "paper", "seeds", "degenerate runs"]
     out += [table(header, rows), ""]
     return out
+
+
+# (key of arms.end_of_pretraining, column title, factor, digits)
+END_COLUMNS = (("encoder_mlm_accuracy", "encoder's MLM accuracy", 100, 1),
+               ("generator_mlm_accuracy", "generator's MLM accuracy", 100, 1),
+               ("disc_auc", "discriminator ROC AUC", 1, 3), ("replaced_fraction", "share of tokens replaced", 100, 1))
+
+
+def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = None) -> list[str]:
+    """The "Pre-training at its end" section: per pre-trained arm, the medians over its finished runs of
+    arms.end_of_pretraining, beside the paper's generator MLM accuracy where it gives one; [] without runs."""
+    by_arm: dict[str, list[dict]] = {}
+    for s in pretrain_states:
+        if s.run is not None:
+            by_arm.setdefault(s.job.variant, []).append(arms.end_of_pretraining(s.run))
+    if not by_arm:
+        return []
+    paper_acc = {v.label: (paper_row(spec, v.label, paper)[0] or {}).get("generator_mlm_accuracy") for v in spec.variants}
+    with_paper = any(v is not None for v in paper_acc.values())
+    rows = []
+    for v in (v for v in spec.variants if v.label in by_arm):
+        cells = [v.label, str(len(by_arm[v.label]))]
+        for key, _, factor, digits in END_COLUMNS:
+            values = [r[key] for r in by_arm[v.label] if r[key] is not None]
+            cells.append(f"{statistics.median(values) * factor:.{digits}f}" if values else "–")
+        if with_paper:
+            cells.append("–" if paper_acc[v.label] is None else f"{paper_acc[v.label]:g}")
+        rows.append(cells)
+    header = ["variant", "runs", *(c[1] for c in END_COLUMNS), *(["paper: generator's MLM accuracy"] if with_paper else [])]
+    return ["## Pre-training at its end", "",
+            "What each pre-trained arm reached in its last logged window of training batches (median over its "
+            "pre-training runs): masked-LM accuracies in % at the masked positions (the encoder's where the encoder "
+            "is a masked LM; the generator's where there is one), and the discriminator's ROC AUC (0.5 is chance) "
+            "with the share of replaced tokens, both over the positions its loss covers: every token for ELECTRA, "
+            "the masked 15% for ELECTRA 15%, whose numbers are therefore not comparable with ELECTRA's. These "
+            "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), ""]
