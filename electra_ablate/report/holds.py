@@ -18,8 +18,8 @@ from pathlib import Path
 
 from electra_ablate.common.io import write_text
 from electra_ablate.report import verdicts as vd
-from electra_ablate.report.markdown import table as markdown_table
 from electra_ablate.report.paper import load_paper_results
+from electra_ablate.report.tables import table as markdown_table
 from electra_ablate.sweep.spec import REPO_ROOT, SweepSpec, load_sweep
 
 # (sweep, scale) of the reports the table joins, in the order it lists them: the regime's own evidence first

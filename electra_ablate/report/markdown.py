@@ -21,6 +21,7 @@ from electra_ablate.report.collect import SweepData, is_missing
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
 from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
+from electra_ablate.report.tables import table
 
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
               "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
@@ -32,12 +33,6 @@ def fmt(x, digits: int = 1) -> str:
 
 def signed(x, digits: int = 1) -> str:
     return "–" if is_missing(x) else f"{x:+.{digits}f}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,

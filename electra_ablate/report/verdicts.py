@@ -32,6 +32,7 @@ import yaml
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report import predictions as pr
+from electra_ablate.report.tables import table
 
 CLAIMS = Path(__file__).with_name("claims.yaml")
 DEGENERATE = "degenerate"
@@ -308,7 +309,7 @@ def render(results: Sequence[Verdict]) -> list[str]:
                      v.resolve])
         if min(v.groups.values()) < 2:
             notes.append(c.text)
-    out.append(_table(["claim", "paper figure", "paper", "ours on", "ours: Δ [95% CI]", "P(sign)", "verdict",
+    out.append(table(["claim", "paper figure", "paper", "ours on", "ours: Δ [95% CI]", "P(sign)", "verdict",
                        "what would resolve it"], rows))
     out.append("")
     if notes:
@@ -316,7 +317,3 @@ def render(results: Sequence[Verdict]) -> list[str]:
                 "a verdict then holds for these pre-trained models, not for the pre-training recipe.", ""]
     return out
 
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
