@@ -5,6 +5,7 @@ the Lightning Trainer, and the paper's FLOPs accounting of one step."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,11 @@ from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.sharing.base import SharingMode
 from electra_ablate.training.checks import MODEL_KEYS
 
+
+# Lightning warns that a checkpoint of a run that steps its optimizers by hand (algorithms/two_stage.py,
+# adversarial.py) holds the weights after step N; saved beside global_step N and the optimizer's state after step N,
+# that is exactly what resuming needs, so the warning (and its example code) only clutters the log.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
 
 resolve_precision = precision.for_config  # where a run of cfg trains, and at which precision (common/precision.py)
 on_gpu = precision.on_gpu
