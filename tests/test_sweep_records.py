@@ -4,6 +4,7 @@ own invocations."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -81,3 +82,24 @@ def test_a_sweep_stopped_by_ctrl_c_is_killed_and_one_that_breaks_failed_with_the
                               order_by=["attributes.start_time ASC"])
     assert [(r.info.status, r.data.tags[tracking.TAG_END_REASON]) for r in runs] == [
         ("KILLED", "stopped by KeyboardInterrupt (SIGINT/SIGTERM)"), ("FAILED", "OSError: disk full")]
+
+
+def test_re_runs_that_launched_nothing_are_counted_not_listed(tmp_path, data_dir):
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "cache")}
+    ctx = make_context("weight_sharing", "cpu", paths, f"sqlite:///{tmp_path}/mlflow.db")
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+
+    def finished(name: str, jobs: int) -> None:
+        run_id = record(client, ctx.experiment, "weight_sharing", "cpu", pid=name)
+        for phase in ("pretrain", "finetune"):
+            client.set_tag(run_id, f"phase.{phase}", json.dumps({"jobs": jobs, "returncode": 0, "seconds": 1.0,
+                                                                   "command": f"{name}-{phase}" if jobs else ""}))
+        client.set_terminated(run_id, "FINISHED")
+
+    finished("first", 4)
+    finished("second", 0)
+    finished("third", 0)
+    produced = write_report(ctx, client, tmp_path / "reports").read_text().split("## How this was produced")[1]
+    assert "first-pretrain" in produced and "'second'" not in produced and "'third'" not in produced, produced
+    assert "2 other finished invocations found every job done and launched nothing" in produced

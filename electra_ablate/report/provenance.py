@@ -71,6 +71,35 @@ def _status(r: pd.Series, running_sweep_run: str | None) -> str:
     return str(r["status"])
 
 
+def _launched_nothing(r: pd.Series) -> bool:
+    """A finished sweep record whose every phase found all of its jobs done: a re-run that only re-made the report."""
+    phases = [json.loads(r[c]) for c in (f"tags.phase.{n}" for n in ("pretrain", "finetune")) if isinstance(r.get(c), str)]
+    return r["status"] == "FINISHED" and bool(phases) and not any(p["jobs"] for p in phases)
+
+
+def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wall_time: float | None) -> list[str]:
+    """One line per sweep invocation with what each phase launched; finished re-runs that launched nothing are
+    counted, not listed (every re-made report would otherwise add one), unless it is the one making this report."""
+    idle = [r["run_id"] for _, r in sweeps.iterrows() if r["run_id"] != running_sweep_run and _launched_nothing(r)]
+    lines = ["Sweep invocations (oldest first; each phase launches only what was not already finished):", ""]
+    for _, r in sweeps[~sweeps["run_id"].isin(idle)].iterrows():
+        wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
+        lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
+                     f"status {_status(r, running_sweep_run)}, "
+                     f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
+        for name in ("pretrain", "finetune"):
+            col = f"tags.phase.{name}"
+            if not isinstance(r.get(col), str):
+                continue
+            phase = json.loads(r[col])
+            what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
+            lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
+    if idle:
+        lines.append(f"- {len(idle)} other finished invocation{'s' if len(idle) > 1 else ''} found every job done and "
+                     "launched nothing (left out)")
+    return lines
+
+
 def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None) -> str:
     frame = data.frame
     lines = []
@@ -80,20 +109,7 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
                         & (sweeps.get("tags.sweep", pd.Series(dtype=str)) == data.ctx.spec.name)]
         sweeps = sweeps.sort_values("start_time")
     if len(sweeps):
-        lines.append("Sweep invocations (oldest first; each phase launches only what was not already finished):")
-        lines.append("")
-        for _, r in sweeps.iterrows():
-            wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
-            lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
-                         f"status {_status(r, running_sweep_run)}, "
-                         f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
-            for name in ("pretrain", "finetune"):
-                col = f"tags.phase.{name}"
-                if not isinstance(r.get(col), str):
-                    continue
-                phase = json.loads(r[col])
-                what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
-                lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
+        lines += _invocations(sweeps, running_sweep_run, running_wall_time)
         last = sweeps.iloc[-1]
         lines += ["", f"- Machine of the last sweep: {last.get('tags.hardware', '?')}; {last.get('tags.platform', '?')}; "
                   f"Python {last.get('tags.python', '?')}", f"- Packages: {last.get('tags.packages', '?')}"]
