@@ -108,10 +108,10 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
     if spec.baseline:
         out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) of the "
                 f"difference in GLUE-of-medians, resampling each task's fine-tuning runs of both variants; an interval "
-                f"that contains 0 means these runs cannot tell the variant from {spec.baseline}. It pools the runs of "
-                f"every pre-training seed, so it understates how much pre-trained encoders differ from one another; "
-                f"the verdicts at the end resample pre-training seeds as a level of their own and are what a claim "
-                f"is judged by.", ""]
+                f"that contains 0 means these runs cannot tell the variant from {spec.baseline}."
+                + (" It pools the runs of every pre-training seed, so it understates how much pre-trained encoders "
+                   "differ from one another; the verdicts at the end resample pre-training seeds as a level of their "
+                   "own and are what a claim is judged by." if len(spec.pretrain_seeds) > 1 else ""), ""]
     unknown = sum(pr.total(h).unknown for h in health.values())
     out += ["Degenerate runs: fine-tuning runs whose dev predictions are a single class (one value for "
             "STS-B, whose correlation is then undefined and counted as 0): they score what the majority class "
