@@ -1,16 +1,21 @@
 """A sweep's own MLflow record (kind=sweep): a record left RUNNING by a process that has ended is told from a
 live one, retired by the next sweep and named so in the report; sweeps sharing one experiment list only their
-own invocations."""
+own invocations, re-runs that launched nothing are counted, not listed; a resumed run's compute time leaves out
+the time it lay dead."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
+from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from electra_ablate.report.build import write_report
+from electra_ablate.report.provenance import _idle_seconds
 from electra_ablate.sweep import provenance
 from electra_ablate.sweep.compose import make_context
 from electra_ablate.sweep.run import retire_dead_sweeps, run_sweep
@@ -103,3 +108,14 @@ def test_re_runs_that_launched_nothing_are_counted_not_listed(tmp_path, data_dir
     produced = write_report(ctx, client, tmp_path / "reports").read_text().split("## How this was produced")[1]
     assert "first-pretrain" in produced and "'second'" not in produced and "'third'" not in produced, produced
     assert "2 other finished invocations found every job done and launched nothing" in produced
+
+
+def test_a_resumed_runs_compute_time_leaves_out_the_time_it_lay_dead():
+    t0 = time.mktime(time.strptime("2026-11-26 10:00:00", "%Y-%m-%d %H:%M:%S"))
+    logged = [t0 + s for s in (10, 60, 100, 1010, 1500, 2000, 3010)]  # attempts from t0, t0 + 1000, t0 + 3000
+    client = SimpleNamespace(get_metric_history=lambda run_id, key: [SimpleNamespace(timestamp=t * 1000) for t in logged])
+    restarts = [{"attempt": 2, "at": "2026-11-26 10:16:40"}, {"attempt": 3, "at": "2026-11-26 10:50:00"}]
+    run = pd.Series({"run_id": "r", f"tags.{tracking.TAG_RESTARTS}": json.dumps(restarts)})
+    assert _idle_seconds(client, run) == (1000 - 100) + (3000 - 2000)
+    assert _idle_seconds(client, pd.Series({"run_id": "r"})) == 0.0  # never resumed
+    assert _idle_seconds(None, run) == 0.0  # no client: durations as recorded

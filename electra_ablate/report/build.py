@@ -82,7 +82,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]
-    return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time), closing)
+    return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing)
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="report", version_base="1.3")

@@ -6,6 +6,7 @@ and where to find the runs in the MLflow dashboard.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -100,7 +101,7 @@ def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wa
     return lines
 
 
-def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None) -> str:
+def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time: float | None, client=None) -> str:
     frame = data.frame
     lines = []
     sweeps = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "sweep"] if len(frame) else frame
@@ -123,9 +124,11 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
     if len(jobs):
         commits = sorted(set(jobs.get("tags.git_commit", pd.Series(dtype=str)).dropna()))
         seconds = (_times(jobs["end_time"]) - _times(jobs["start_time"])).dt.total_seconds()
+        seconds -= [_idle_seconds(client, r) for _, r in jobs.iterrows()]
         hours = {k: seconds[g.index].sum() for k, g in jobs.groupby("tags.kind")}
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
-                  "- Compute time of the runs in the tables (sum of run durations): "
+                  "- Compute time of the runs in the tables (sum of run durations, less the time a resumed run lay "
+                  "dead between attempts): "
                   + ", ".join(f"{k} {_duration(v)} over {int((jobs['tags.kind'] == k).sum())} runs" for k, v in hours.items())]
     vocabs = vocabularies(data)
     lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
@@ -144,6 +147,25 @@ def _dashboard_link(data: SweepData) -> str:
     if len(ids) != 1:
         return "the experiment's page with the Model training view"
     return f"<{tracking.dashboard_url('http://127.0.0.1:5000', str(ids[0]))}>"
+
+
+def _idle_seconds(client, run: pd.Series) -> float:
+    """How long a resumed run lay dead: for each later attempt (tracking.TAG_RESTARTS), the time from the last
+    training loss its previous attempt logged to the attempt's start. A run resumed in a later session spans
+    the gap between sessions; counting it as compute would overstate a sweep's cost by hours."""
+    restarts = run.get(f"tags.{tracking.TAG_RESTARTS}")
+    if client is None or not isinstance(restarts, str):
+        return 0.0
+    logged = sorted(m.timestamp / 1000 for m in client.get_metric_history(run["run_id"], "train/loss"))
+    idle, previous = 0.0, float("-inf")
+    for restart in json.loads(restarts):
+        # runs.RunLogger.adopt writes "at" in the local time of the machine that resumed the run
+        at = time.mktime(time.strptime(restart["at"], "%Y-%m-%d %H:%M:%S"))
+        last = max([t for t in logged if t < at], default=None)
+        if last is not None:
+            idle += at - max(last, previous)
+        previous = at
+    return idle
 
 
 def _times(column: pd.Series) -> pd.Series:
