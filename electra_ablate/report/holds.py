@@ -172,7 +172,8 @@ def table(records: Sequence[Mapping]) -> list[str]:
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:
-        out += ["", "Not run yet (each about 3 hours of two cores; it resumes where it stopped):", "", *pending]
+        out += ["", "Not run yet (each sized at about 3 hours of two cores on its own, longer beside other work; "
+                "it resumes where it stopped):", "", *pending]
     return out
 
 
