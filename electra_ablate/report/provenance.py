@@ -72,10 +72,15 @@ def _status(r: pd.Series, running_sweep_run: str | None) -> str:
     return str(r["status"])
 
 
+def _phases(r: pd.Series) -> dict[str, dict]:
+    """What each phase a sweep record ran launched (run.run_sweep's `phase.<name>` tags), by phase name."""
+    return {n: json.loads(r[f"tags.phase.{n}"]) for n in ("pretrain", "finetune") if isinstance(r.get(f"tags.phase.{n}"), str)}
+
+
 def _launched_nothing(r: pd.Series) -> bool:
     """A finished sweep record whose every phase found all of its jobs done: a re-run that only re-made the report."""
-    phases = [json.loads(r[c]) for c in (f"tags.phase.{n}" for n in ("pretrain", "finetune")) if isinstance(r.get(c), str)]
-    return r["status"] == "FINISHED" and bool(phases) and not any(p["jobs"] for p in phases)
+    phases = _phases(r)
+    return r["status"] == "FINISHED" and bool(phases) and not any(p["jobs"] for p in phases.values())
 
 
 def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wall_time: float | None) -> list[str]:
@@ -88,11 +93,7 @@ def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wa
         lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
                      f"status {_status(r, running_sweep_run)}, "
                      f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
-        for name in ("pretrain", "finetune"):
-            col = f"tags.phase.{name}"
-            if not isinstance(r.get(col), str):
-                continue
-            phase = json.loads(r[col])
+        for name, phase in _phases(r).items():
             what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
             lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
     if idle:

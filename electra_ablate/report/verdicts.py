@@ -310,7 +310,7 @@ def render(results: Sequence[Verdict]) -> list[str]:
         if min(v.groups.values()) < 2:
             notes.append(c.text)
     out.append(table(["claim", "paper figure", "paper", "ours on", "ours: Δ [95% CI]", "P(sign)", "verdict",
-                       "what would resolve it"], rows))
+                      "what would resolve it"], rows))
     out.append("")
     if notes:
         out += ["With one pre-training seed per arm the interval covers fine-tuning seeds and dev examples only: "
