@@ -198,6 +198,27 @@ def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
     assert random_init_floors(data) == {}  # no random-init variant in this sweep: no floor drawn
 
 
+def test_two_stage_checkpoints_up_to_the_switch_are_reported_as_its_generator():
+    from types import SimpleNamespace
+
+    def pretrained(run_id, metrics):
+        run = SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(metrics=metrics))
+        return SimpleNamespace(run=run)
+
+    variants = [SimpleNamespace(label=v, random_init_of=None) for v in ("joint", "two_stage")]
+    steps = {"joint": [100, 200, 400], "two_stage": [100, 200, 400]}
+    scores = pd.DataFrame([{"variant": v, "pretrain_run": v, "pretrain_seed": 0, "step": st, "fraction": st / 400,
+                            "final": st == 400, "task": "sst2", "seed": 0, "score": 60.0}
+                           for v, sts in steps.items() for st in sts])
+    data = SimpleNamespace(ctx=SimpleNamespace(spec=SimpleNamespace(variants=variants)), scores=scores, flops={},
+                           pretrain=[pretrained("joint", {}), pretrained("two_stage", {"train/switch_step": 200.0})])
+    curve = learning_curve(data).set_index(["variant", "step"])["network"]
+    # The export at the switch step comes before the switch: the discriminator is still untrained there.
+    assert curve.to_dict() == {("joint", 100): "discriminator", ("joint", 200): "discriminator",
+                               ("joint", 400): "discriminator", ("two_stage", 100): "generator",
+                               ("two_stage", 200): "generator", ("two_stage", 400): "discriminator"}
+
+
 def test_the_random_init_floor_is_its_final_glue_of_task_medians():
     from types import SimpleNamespace
 

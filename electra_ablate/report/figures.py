@@ -95,8 +95,11 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
     for i, (variant, g) in enumerate(curve.groupby("variant", sort=False)):
         color = f"C{i}"
+        hollow = g["network"] == "generator"  # two-stage's generator, before the switch
         for axis, x in ((ax, g["flops"]), (bx, g["fraction"])):
             axis.plot(x, g["glue"], marker="o", color=color, label=variant)
+            axis.plot(x[hollow], g["glue"][hollow], ls="none", marker="o", color=color, markerfacecolor="white",
+                      label=f"{variant}: its generator (MLM), before the switch" if hollow.any() else None)
             axis.fill_between(x, g["q25"], g["q75"], color=color, alpha=0.2)
         by_fraction = ((paper_row(data.ctx.spec, variant, paper)[0] or {}).get("by_fraction")) or {}
         if by_fraction:

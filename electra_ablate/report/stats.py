@@ -112,9 +112,23 @@ def curve_runs(data: SweepData) -> pd.DataFrame:
     return data.scores[data.scores["pretrain_run"].notna() & ~data.scores["variant"].isin(shaped)]
 
 
+def switch_steps(data: SweepData) -> dict[str, float]:
+    """Pre-training run -> the step at which two-stage training switched from the generator to the
+    discriminator (its train/switch_step metric); runs of the other algorithms have none."""
+    out = {}
+    for state in data.pretrain:
+        metrics = state.run.data.metrics if state.run is not None else {}
+        if "train/switch_step" in metrics:
+            out[state.run.info.run_id] = metrics["train/switch_step"]
+    return out
+
+
 def learning_curve(data: SweepData) -> pd.DataFrame:
-    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count."""
+    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count, and
+    the network fine-tuned: `generator` for two-stage checkpoints up to the switch (the discriminator is still
+    untrained there, so the generator, an MLM model, is exported), `discriminator` otherwise."""
     s = curve_runs(data)
+    switches = switch_steps(data)
     rows = []
     tasks = [t for t in glue.TASKS if t in set(s["task"])] if len(s) else []
     for (variant, fraction), g in s.groupby(["variant", "fraction"]) if len(s) else []:
@@ -122,12 +136,14 @@ def learning_curve(data: SweepData) -> pd.DataFrame:
         seeds = per_seed_glue(g, [t for t in tasks if t in medians])["glue"]
         flops = [data.flops.get((run, step)) for run, step in {(r, st) for r, st in zip(g["pretrain_run"], g["step"])}]
         flops = [f for f in flops if f is not None]
+        before_switch = all(st <= switches.get(r, -1) for r, st in zip(g["pretrain_run"], g["step"]))
         rows.append({"variant": variant, "fraction": float(fraction), "step": int(g["step"].iloc[0]),
                      "flops": float(np.mean(flops)) if flops else math.nan, "glue": glue_of(medians),
                      "q25": seeds.quantile(0.25) if len(seeds) else math.nan,
-                     "q75": seeds.quantile(0.75) if len(seeds) else math.nan, "n": int(g["seed"].nunique())})
+                     "q75": seeds.quantile(0.75) if len(seeds) else math.nan, "n": int(g["seed"].nunique()),
+                     "network": "generator" if before_switch else "discriminator"})
     order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
-    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n"])
+    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n", "network"])
     return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
 
 
