@@ -98,8 +98,9 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
         hollow = g["network"] == "generator"  # two-stage's generator, before the switch
         for axis, x in ((ax, g["flops"]), (bx, g["fraction"])):
             axis.plot(x, g["glue"], marker="o", color=color, label=variant)
-            axis.plot(x[hollow], g["glue"][hollow], ls="none", marker="o", color=color, markerfacecolor="white",
-                      label=f"{variant}: its generator (MLM), before the switch" if hollow.any() else None)
+            if hollow.any():
+                axis.plot(x[hollow], g["glue"][hollow], ls="none", marker="o", color=color, markerfacecolor="white",
+                          label=f"{variant}: its generator (MLM), before the switch")
             axis.fill_between(x, g["q25"], g["q75"], color=color, alpha=0.2)
         by_fraction = ((paper_row(data.ctx.spec, variant, paper)[0] or {}).get("by_fraction")) or {}
         if by_fraction:

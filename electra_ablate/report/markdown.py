@@ -268,8 +268,8 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
         return out + ["No fine-tuning run of an intermediate checkpoint has finished yet.", ""]
     runs = curve_runs(data)
     tasks = [t for t in TASK_NAMES if t in set(runs["task"])]
-    networks = (curve["network"] == "generator").any()  # two-stage: its generator up to the switch
-    if networks:
+    shows_network = (curve["network"] == "generator").any()  # two-stage: its generator up to the switch
+    if shows_network:
         out += ["Two-stage training's checkpoints up to its switch are its generator, an MLM model (the "
                 "discriminator is still untrained there; paper section 3.2): the table says which network was "
                 "fine-tuned, and the figure draws those points hollow.", ""]
@@ -280,11 +280,11 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
         theirs = next((v for f, v in by_fraction.items() if math.isclose(float(f), r["fraction"])), None)
         at = runs[(runs["variant"] == r["variant"]) & (runs["fraction"] == r["fraction"])]
         medians = at.groupby("task")["score"].median()
-        rows.append([r["variant"], *([r["network"]] if networks else []), f"{r['fraction']:g}", int(r["step"]),
+        rows.append([r["variant"], *([r["network"]] if shows_network else []), f"{r['fraction']:g}", int(r["step"]),
                      f"{r['flops']:.3g}" if not is_missing(r["flops"]) else "–",
                      *([fmt(medians.get(t)) for t in tasks] if len(tasks) > 1 else []),
                      fmt(r["glue"]), fmt(theirs), int(r["n"]), pr.cell(pr.counts(at, r["variant"], tasks))])
-    header = ["variant", *(["network fine-tuned"] if networks else []), "fraction of steps", "step", "pre-train FLOPs",
+    header = ["variant", *(["network fine-tuned"] if shows_network else []), "fraction of steps", "step", "pre-train FLOPs",
               *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds",
               "degenerate runs"]
     out += [table(header, rows), ""]
