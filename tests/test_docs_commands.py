@@ -168,8 +168,16 @@ def check_report(name: str, variants: tuple[str, ...], ran: bool = True) -> Call
 
     def check(result: Result, runner: Runner) -> None:
         path = result.tmp / "reports" / f"{name}.md"
-        assert f"report: {path}" in result.output, f"the command did not say it wrote {path}"
+        said = (f"report: {path}", f"report: {path.relative_to(result.tmp)}")  # relative below the working directory
+        assert any(s in result.output for s in said), f"the command did not say it wrote {path}"
         text = path.read_text()
+        # The console ends with the outcome: the main table (a row per variant) and one line per verdict.
+        outcome = result.output[result.output.rindex(f"{name} (scale "):]
+        if ran:
+            assert "dev, median over fine-tuning seeds:" in outcome, result.output
+            for v in variants:
+                assert re.search(rf"^  {re.escape(v)}\b", outcome, re.M), f"no console row for {v}:\n{outcome}"
+            assert "verdicts (95% multi-bootstrap interval, points):" in outcome, outcome
         missing = section(text, "Failed and missing runs")
         for v in variants:
             if ran:

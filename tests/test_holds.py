@@ -1,5 +1,6 @@
-"""The README's "What holds at CPU scale" table: made from the CPU-scale reports' verdict records, current with
-the committed ones, a claim on shared runs listed once, a sweep not run yet listed with its command."""
+"""The "What holds at CPU scale" tables (README.md's short one, docs/cpu_scale.md's full one): made from the
+CPU-scale reports' verdict records, current with the committed ones, a claim on shared runs listed once, a sweep
+not run yet listed with its command, the sanity checks folded into one README row."""
 
 from __future__ import annotations
 
@@ -42,11 +43,28 @@ def write_records(report_dir: Path, records: dict[str, list[Verdict]]) -> None:
                            {"bert": BERT, "electra": ELECTRA, "none": None})
 
 
-def test_the_readme_table_is_current_with_the_committed_reports():
-    text = (REPO_ROOT / "README.md").read_text()
-    expected = holds.replace_section(text, holds.table(holds.load_records(REPO_ROOT / "reports")))
-    assert expected == text, "README.md's 'What holds at CPU scale' is out of date: run `python -m electra_ablate.report.holds`"
+def test_the_tables_are_current_with_the_committed_reports():
+    for path, (text, expected) in holds.rewritten(REPO_ROOT, holds.load_records(REPO_ROOT / "reports")).items():
+        assert expected == text, f"{path}'s 'What holds at CPU scale' is out of date: run `python -m electra_ablate.report.holds`"
     assert holds.main(["--check"]) == 0
+
+
+def test_the_readme_row_says_claim_verdict_difference_and_report_and_folds_the_sanity_checks(tmp_path):
+    verdicts = cpu_regime_verdicts()
+    electra_floor = Verdict(Claim("Pre-training beats no pre-training (sanity check): electra > none", "floor",
+                                  ("electra",), ("none",)), difference(-4.85, -7.69, -2.24), ("sst2",),
+                            {"electra": 3, "none": 15}, 3.0, True, "reversed", "–", runs={"electra": 15, "none": 15})
+    write_records(tmp_path, {("cpu_regime", None): [*verdicts, electra_floor],
+                             ("table5_efficiency", "cpu"): verdicts[:1]})
+    lines = holds.summary_table(holds.load_records(tmp_path))
+    assert lines[:2] == ["| claim | verdict | Δ points [95% interval] | report |", "|---|---|---|---|"]
+    assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | [cpu_regime.md](reports/cpu_regime.md), "
+            "[table5_efficiency_cpu.md](reports/table5_efficiency_cpu.md) |") in lines
+    (sanity,) = [line for line in lines if line.startswith("| Pre-training beats no pre-training")]
+    assert sanity == ("| Pre-training beats no pre-training (each pre-trained arm against random init of its shape: "
+                      "2 comparisons) | **holds** for 1 (bert); **reversed** for 1 (electra) | -4.8 to +2.8 | "
+                      "[cpu_regime.md](reports/cpu_regime.md) |"), sanity
+    assert not any("sanity check" in line for line in lines)
 
 
 def test_a_row_says_the_verdict_interval_scale_seeds_and_report(tmp_path):
@@ -102,8 +120,10 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     """Into the repository's reports/ (here a stand-in), the README follows; into any other folder it does not."""
     repo = tmp_path / "repo"
     (repo / "reports").mkdir(parents=True)
-    readme = repo / "README.md"
+    readme, detail = repo / "README.md", repo / holds.DETAIL_DOC
     readme.write_text(f"# x\n{holds.START}\n{holds.END}\n")
+    detail.parent.mkdir()
+    detail.write_text(f"# y\n{holds.DETAIL_START}\n{holds.DETAIL_END}\n")
     monkeypatch.setattr(build, "REPO_ROOT", repo)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
@@ -117,7 +137,9 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     build.write_report(ctx, client, repo / "reports")
     record = json.loads((repo / "reports" / "weight_sharing_cpu" / holds.RECORD).read_text())
     assert record["report"] == "weight_sharing_cpu.md" and {c["verdict"] for c in record["claims"]} == {"not run"}
-    text = readme.read_text()
+    assert ("| Tying all weights beats no tying | **not run** | – | [weight_sharing_cpu.md](reports/weight_sharing_cpu.md) |"
+            in readme.read_text())
+    text = detail.read_text()
     assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
     assert "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md)" in text
 

@@ -148,3 +148,31 @@ def end_of_pretraining(run) -> dict[str, float | None]:
     return {"encoder_mlm_accuracy": None if detector else acc, "generator_mlm_accuracy": generator,
             "disc_auc": m.get("train/disc_auc"), "replaced_fraction": m.get("train/replaced_fraction")}
 
+
+
+COLLAPSE_DOC = "docs/cpu_scale.md"
+COLLAPSE_SECTION = "Why ELECTRA checkpoints fine-tune to one class"
+# Below this discriminator AUC at the end of pre-training, the replaced-token signal has barely formed: at CPU
+# scale ELECTRA's discriminator stays near 0.5 for its first millions of tokens (docs/cpu_scale.md).
+FORMED_AUC = 0.6
+
+
+def why_degenerate(spec, pretrain_states, label: str) -> str:
+    """What the arm's own pre-training curves say about a fine-tuning that learned nothing, and where to read on."""
+    variant = spec.variant(label)
+    if variant.random_init_of is not None or variant.pretrained == "none":
+        cause = "it was not pre-trained, so the fine-tuning recipe itself learned nothing"
+    else:
+        ends = [end_of_pretraining(s.run) for s in pretrain_states if s.run is not None and s.job.variant == label]
+        aucs = sorted(e["disc_auc"] for e in ends if e["disc_auc"] is not None)
+        accs = sorted(e["encoder_mlm_accuracy"] for e in ends if e["encoder_mlm_accuracy"] is not None)
+        if aucs:
+            auc = aucs[len(aucs) // 2]
+            cause = (f"its discriminator ended pre-training at ROC AUC {auc:.2f} (chance is 0.50)"
+                     + (": its replaced-token signal had barely formed" if auc < FORMED_AUC else
+                        ": the signal had formed, so the fine-tuning failed to read it"))
+        elif accs:
+            cause = f"its masked-LM accuracy ended pre-training at {100 * accs[len(accs) // 2]:.1f}%"
+        else:
+            cause = "its pre-training logged no end metrics"
+    return f"{cause}; see {COLLAPSE_DOC}, \"{COLLAPSE_SECTION}\""

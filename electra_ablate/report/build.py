@@ -23,12 +23,13 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from electra_ablate.common import cli
+from electra_ablate.common import cli, console
 from electra_ablate.common.io import atomic_dir, atomic_file
-from electra_ablate.report import arms, expected_max, holds, verdicts
+from electra_ablate.common.portable import portable
+from electra_ablate.report import arms, expected_max, holds, outcome, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import generator_size_figure, glue_figure, learning_curves_figure
-from electra_ablate.report.markdown import TASK_NAMES, end_of_pretraining_section, render
+from electra_ablate.report.markdown import TASK_NAMES, end_of_pretraining_section, final_health, render
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.provenance import provenance
 from electra_ablate.report.recipe import pretrain_recipe_lines, recipe_lines
@@ -39,9 +40,9 @@ from electra_ablate.tracking import runs as tracking
 
 
 def write_report(ctx: SweepContext, client, report_dir: str | Path, running_sweep_run: str | None = None,
-                 running_wall_time: float | None = None) -> Path:
+                 running_wall_time: float | None = None, echo: bool = True) -> Path:
     """Write <report_dir>/<stem>.md and <report_dir>/<stem>/*.png atomically (the stem: spec.report_name);
-    returns the markdown's path."""
+    returns the markdown's path. With `echo`, print what it says (report/outcome.py) to the console."""
     report_dir = Path(report_dir)
     name = ctx.spec.report_name
     data = collect(ctx, client)
@@ -49,15 +50,29 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
     # The markdown is written first and put in place last, after the figure folder it points at: leaving the
     # `with`, the folder is swapped in, then the markdown; an error on the way leaves the old report whole.
     with atomic_file(report_dir / f"{name}.md") as md_tmp, atomic_dir(report_dir / name) as staging:
-        md_tmp.write_text(_render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time))
+        text, results = _render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time)
+        md_tmp.write_text(portable(text))
     if holds.is_cpu_scale(ctx.spec) and report_dir.resolve() == (REPO_ROOT / "reports").resolve():
-        holds.sync(REPO_ROOT / "README.md", report_dir)
-    return report_dir / f"{name}.md"
+        holds.sync(REPO_ROOT, report_dir)
+    path = report_dir / f"{name}.md"
+    if echo:
+        health = final_health(data, summary.tasks)
+        print("\n".join(outcome.lines(data, summary, health, load_paper_results(), results, shown_path(path))),
+              flush=True)
+    return path
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the working directory when it lies below it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return Path(path)
 
 
 def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, staging: Path,
-                 running_sweep_run: str | None, running_wall_time: float | None) -> str:
-    """Draw the figures into `staging` and return the markdown that points at them."""
+                 running_sweep_run: str | None, running_wall_time: float | None) -> tuple[str, list]:
+    """Draw the figures into `staging`; return the markdown that points at them and the verdicts."""
     name = ctx.spec.report_name
     figures: dict[str, str] = {}
     if summary.tasks:
@@ -82,21 +97,21 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]
-    return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing)
+    return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing), results
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="report", version_base="1.3")
 @cli.one_line_errors
 def main(cfg: DictConfig) -> str:
+    console.setup()
     ctx = context_from_cfg(cfg)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
-    path = write_report(ctx, client, cfg.report_dir)
-    print(f"report: {path}")
-    return str(path)
+    return str(write_report(ctx, client, cfg.report_dir))
 
 
 def cli_main() -> None:
     """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    console.take_verbose_flag()
     cli.check_args("report")
     main()
 

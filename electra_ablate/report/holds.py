@@ -1,10 +1,12 @@
-"""The README's "What holds at CPU scale" table: every claim the CPU-scale reports test, one row each.
+"""The "What holds at CPU scale" tables: every claim the CPU-scale reports test, one row each.
 
 Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module
-joins those of the CPU-scale sweeps (`CPU_SCALE`) into one markdown table between two markers in README.md.
-The report generator refreshes it whenever it writes one of those reports into the repository's `reports/`;
-`python -m electra_ablate.report.holds` rewrites it from the committed files, and `--check` only says whether
-it is current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
+joins those of the CPU-scale sweeps (`CPU_SCALE`) into two markdown tables between markers: a short one in
+README.md (claim, verdict, difference, report; the sanity checks against random init folded into one row) and
+the full one in docs/cpu_scale.md (the paper's numbers, each arm's pre-training, seeds). The report generator
+refreshes both whenever it writes one of those reports into the repository's `reports/`;
+`python -m electra_ablate.report.holds` rewrites them from the committed files, and `--check` only says whether
+they are current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
 still lists its claims, as not run, with the command that runs them.
 """
 
@@ -17,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from electra_ablate.common.io import write_text
+from electra_ablate.common.portable import portable
 from electra_ablate.report import verdicts as vd
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.tables import table as markdown_table
@@ -33,6 +36,10 @@ CPU_SCALE: tuple[tuple[str, str | None], ...] = (
 )
 START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
 END = "<!-- /what-holds-at-cpu-scale -->"
+DETAIL_START = START.replace("what-holds-at-cpu-scale:", "what-holds-at-cpu-scale-in-full:")
+DETAIL_END = END.replace("what-holds-at-cpu-scale", "what-holds-at-cpu-scale-in-full")
+DETAIL_DOC = "docs/cpu_scale.md"
+SANITY = "Pre-training beats no pre-training"
 RECORD = "verdicts.json"
 
 
@@ -66,7 +73,7 @@ def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, d
 
 def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
                  problems: Sequence[str] = ()) -> None:
-    write_text(path, json.dumps(record(spec, results, scale, problems), indent=1, sort_keys=True) + "\n")
+    write_text(path, portable(json.dumps(record(spec, results, scale, problems), indent=1, sort_keys=True)) + "\n")
 
 
 def _command(name: str, scale: str | None) -> str:
@@ -177,22 +184,68 @@ def table(records: Sequence[Mapping]) -> list[str]:
     return out
 
 
-def replace_section(text: str, lines: Sequence[str], where: str = "README.md") -> str:
-    """`text` with what lies between START and END replaced by `lines`."""
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise HoldsError(f"{where} needs one `{START}` line and, after it, one `{END}` line around the table")
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    return head + START + "\n" + "\n".join(lines) + "\n" + END + tail
+def summary_table(records: Sequence[Mapping]) -> list[str]:
+    """The README's table: claim, verdict, difference and report, one row per claim (the same runs once); the
+    sanity checks, each pre-trained arm against random init, folded into one row that counts the verdicts."""
+    rows: dict[tuple, list] = {}
+    sanity: dict[tuple, tuple[str, float | None]] = {}  # (arm, estimate) -> (verdict, estimate)
+    sanity_links: list[str] = []
+    for r in records:
+        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else f"not run yet: `{r['command']}`"
+        for c in r["claims"]:
+            if c["claim"].startswith(SANITY):
+                sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
+                sanity_links += [link] if link not in sanity_links else []
+                continue
+            key = (c["claim"], tuple(c["better"]), tuple(c["worse"]), c.get("estimate"))
+            if key in rows and c.get("estimate") is not None:
+                rows[key][-1] += f", {link}"
+                continue
+            interval = "–" if c.get("estimate") is None else \
+                f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
+            rows[key] = [c["claim"], f"**{c['verdict']}**", interval, link]
+    out = list(rows.values())
+    if sanity:
+        counts: dict[str, list[str]] = {}
+        for (better, _), (verdict, _) in sanity.items():
+            counts.setdefault(verdict, []).append("/".join(better))
+        said = "; ".join(f"**{v}** for {len(arms)}" + (f" ({', '.join(arms)})" if len(arms) <= 2 else "")
+                         for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
+        estimates = [e for _, e in sanity.values() if e is not None]
+        spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
+        out.append([f"{SANITY} (each pre-trained arm against random init of its shape: {len(sanity)} comparisons)", said,
+                    spread, ", ".join(sanity_links)])
+    return markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], out).splitlines()
 
 
-def sync(readme: Path = REPO_ROOT / "README.md", report_dir: Path = REPO_ROOT / "reports") -> bool:
-    """Rewrite the README's table from the reports in `report_dir`; True when it changed."""
-    text = readme.read_text()
-    new = replace_section(text, table(load_records(report_dir)), str(readme))
-    if new != text:
-        write_text(readme, new)
-    return new != text
+def replace_section(text: str, lines: Sequence[str], where: str = "README.md", start: str = START,
+                    end: str = END) -> str:
+    """`text` with what lies between `start` and `end` replaced by `lines`."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise HoldsError(f"{where} needs one `{start}` line and, after it, one `{end}` line around the table")
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    return head + start + "\n" + "\n".join(lines) + "\n" + end + tail
+
+
+def rewritten(root: Path, records: Sequence[Mapping]) -> dict[Path, tuple[str, str]]:
+    """README.md and the detail document under `root`: path -> (text now, text with current tables)."""
+    readme, detail = root / "README.md", root / DETAIL_DOC
+    out = {readme: (readme.read_text(),)}
+    out[readme] += (replace_section(out[readme][0], summary_table(records), str(readme)),)
+    out[detail] = (detail.read_text(),)
+    out[detail] += (replace_section(out[detail][0], table(records), str(detail), DETAIL_START, DETAIL_END),)
+    return out
+
+
+def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bool:
+    """Rewrite both tables from the reports in `report_dir`; True when either changed."""
+    changed = False
+    for path, (text, new) in rewritten(root, load_records(report_dir)).items():
+        if new != text:
+            write_text(path, new)
+            changed = True
+    return changed
 
 
 def is_cpu_scale(spec: SweepSpec) -> bool:
@@ -202,16 +255,17 @@ def is_cpu_scale(spec: SweepSpec) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m electra_ablate.report.holds", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only say whether README.md's table is current (exit 1 if not)")
+    parser.add_argument("--check", action="store_true",
+                        help=f"only say whether the tables of README.md and {DETAIL_DOC} are current (exit 1 if not)")
     args = parser.parse_args(argv)
-    readme, reports = REPO_ROOT / "README.md", REPO_ROOT / "reports"
+    where = f"README.md and {DETAIL_DOC}"
     try:
         if args.check:
-            current = replace_section(readme.read_text(), table(load_records(reports))) == readme.read_text()
-            print("README.md: 'What holds at CPU scale' is current" if current else
-                  "README.md: 'What holds at CPU scale' is out of date; run `python -m electra_ablate.report.holds`")
+            current = all(t == n for t, n in rewritten(REPO_ROOT, load_records(REPO_ROOT / "reports")).values())
+            print(f"{where}: 'What holds at CPU scale' is current" if current else
+                  f"{where}: 'What holds at CPU scale' is out of date; run `python -m electra_ablate.report.holds`")
             return 0 if current else 1
-        print(f"README.md: 'What holds at CPU scale' {'rewritten' if sync(readme, reports) else 'already current'}")
+        print(f"{where}: 'What holds at CPU scale' {'rewritten' if sync() else 'already current'}")
     except HoldsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

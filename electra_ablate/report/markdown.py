@@ -42,7 +42,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
     out = _header(data, paper)
     tasks = summary.tasks
     health = final_health(data, tasks)
-    out += _degenerate_warning(health)
+    out += degenerate_warnings(data, health)
     out += ["## GLUE dev, median over fine-tuning seeds", ""]
     if not tasks:
         out += ["No fine-tuning run of a final checkpoint has finished yet.", ""]
@@ -99,12 +99,7 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
         + (" (the paper's GLUE score averages eight tasks, so compare the differences between variants more than "
            "the absolute numbers)." if len(tasks) < 8 else ".") + " A paper number in parentheses is that "
         "task's published number; * marks a paper GLUE derived as the mean of its per-task numbers.", ""]
-    header = ["variant", *[TASK_NAMES[t] for t in tasks], short_glue(tasks), "paper", "Δ paper"]
-    if spec.baseline:
-        header.append(f"Δ vs {spec.baseline} [95% CI]")
-    header += ["runs", "degenerate runs"]
-    rows = [_glue_row(spec, v, summary, health, paper) for v in spec.variants]
-    out += [table(header, rows), ""]
+    out += [table(*glue_table(spec, summary, health, paper)), ""]
     if spec.baseline:
         out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) of the "
                 f"difference in GLUE-of-medians, resampling each task's fine-tuning runs of both variants; an interval "
@@ -121,6 +116,18 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
     if "glue" in figures:
         out += [f"![GLUE per fine-tuning seed]({figures['glue']})", ""]
     return out
+
+
+def glue_table(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]],
+               paper: Mapping) -> tuple[list[str], list[list]]:
+    """The main table's header and rows: one row per variant, with the paper's numbers and the difference from
+    the baseline (the report's first table, and what the command prints at its end)."""
+    tasks = summary.tasks
+    header = ["variant", *[TASK_NAMES[t] for t in tasks], short_glue(tasks), "paper", "Δ paper"]
+    if spec.baseline:
+        header.append(f"Δ vs {spec.baseline} [95% CI]")
+    header += ["runs", "degenerate runs"]
+    return header, [_glue_row(spec, v, summary, health, paper) for v in spec.variants]
 
 
 def _glue_row(spec, v, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]], paper: Mapping) -> list:
@@ -166,19 +173,22 @@ def _dead(health: Mapping[str, Mapping[str, pr.Count]], label: str) -> bool:
     return label in health and pr.total(health[label]).all
 
 
-def _degenerate_warning(health: Mapping[str, Mapping[str, pr.Count]]) -> list[str]:
+def degenerate_warnings(data: SweepData, health: Mapping[str, Mapping[str, pr.Count]]) -> list[str]:
+    """The warnings above the tables (markdown, one per paragraph) about arms whose every run learned nothing,
+    each with what its own pre-training curves show and where to read on."""
     dead = [v for v in health if _dead(health, v)]
     if not dead:
         return []
     said = "; ".join(pr.phrase(v, health[v]) for v in dead)
+    why = " ".join(f"{v}: {arms.why_degenerate(data.ctx.spec, data.pretrain, v)}." for v in dead)
     if len(dead) == len([v for v, h in health.items() if pr.total(h).runs]):
         return [f"**Warning: no fine-tuning run learned anything** ({said}). The scores below are what a constant "
                 "prediction scores (for accuracy, the majority class's share of the dev set), and they compare "
                 "nothing; check the fine-tuning (learning rate, epochs, training examples) and the scale of the "
-                "pre-training before reading them.", ""]
+                f"pre-training before reading them. {why}", ""]
     return [f"**Warning: {', '.join(dead)} learned nothing** ({said}): {'its' if len(dead) == 1 else 'their'} "
             "scores are the majority class's whatever the pre-training, and no ranking or verdict counts "
-            f"{'it' if len(dead) == 1 else 'them'}.", ""]
+            f"{'it' if len(dead) == 1 else 'them'}. Why: {why}", ""]
 
 
 def ranking(values: Mapping[str, float], digits: int = 1) -> str:

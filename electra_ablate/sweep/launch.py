@@ -6,7 +6,6 @@ the child process that runs it (stopped with the runner)."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from electra_ablate.sweep.compose import SweepContext, fresh_hydra, quote
+from electra_ablate.sweep.progress import PhaseConsole, pythonpath_env
 from electra_ablate.sweep.spec import CONF_DIR, REPO_ROOT, SweepError
 
 log = logging.getLogger(__name__)
@@ -47,15 +47,17 @@ def shell_join(args: Sequence[str]) -> str:
     return " ".join(out)
 
 
-def launch(cmd: Sequence[str], dry_run: bool) -> int:
+def launch(cmd: Sequence[str], dry_run: bool, watch: PhaseConsole | None = None) -> int:
+    """Run a phase's multirun and return its exit status; `watch` keeps its output in a log file and shows
+    progress (sweep/progress.py), else the output goes to this console as it is."""
     log.info("launching: %s", shell_join(cmd))
     if dry_run:
         print(shell_join(cmd))
         return 0
-    env = dict(os.environ)
-    # The jobs import electra_ablate from this checkout whatever the working directory.
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    proc = subprocess.Popen(list(cmd), env=env)
+    env = pythonpath_env(REPO_ROOT)
+    proc = subprocess.Popen(list(cmd), **(watch.popen_kwargs(env) if watch else {"env": env}))
+    if watch:
+        watch.start(proc)
 
     def stop(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -63,7 +65,7 @@ def launch(cmd: Sequence[str], dry_run: bool) -> int:
     # A runner stopped by SIGTERM (a scheduler, `kill`) stops its multirun too instead of orphaning it.
     previous = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
     try:
-        return proc.wait()
+        returncode = proc.wait()
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -73,6 +75,9 @@ def launch(cmd: Sequence[str], dry_run: bool) -> int:
                 proc.kill()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+    if watch:
+        watch.finish(returncode)
+    return returncode
 
 
 def check_launcher(launcher: Sequence[str]) -> None:

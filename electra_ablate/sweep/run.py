@@ -34,10 +34,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from electra_ablate.common import cli
+from electra_ablate.common import cli, console
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
+from electra_ablate.sweep.progress import PhaseConsole
 from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
 from electra_ablate.tracking import runs as tracking
@@ -73,7 +74,7 @@ def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     todo = [s.job for s in states if s.needs_pretraining]
     result = PhaseResult("pretrain", jobs=len(todo))
     if not todo:
-        log.info("pre-training: all %d jobs already FINISHED", len(states))
+        console.say(log, "pretrain: all %d job(s) already finished", len(states))
         return result
     # The multirun is a product; the smallest product covering the missing jobs (finished ones are skipped
     # by the entry point itself).
@@ -84,7 +85,8 @@ def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
         "electra_ablate.pretrain", [f"+{PRETRAIN_GROUP}={','.join(labels)}", f"seed={','.join(map(str, seeds))}"],
         ctx, launcher, ctx.pretrain_overrides, sweep_dir)
     return _launch_phase(result, command, dry_run, "pre-training multirun exited with %d: some jobs failed "
-                                                   "(listed in the report); going on")
+                                                   "(listed in the report); going on",
+                         PhaseConsole("pretrain", len(labels) * len(seeds), sweep_dir / "console.log"))
 
 
 def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
@@ -100,7 +102,7 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
             todo = [j for j in todo if j[1] in available]
     result = PhaseResult("finetune", jobs=len(todo))
     if not todo:
-        log.info("fine-tuning: nothing left to run")
+        console.say(log, "finetune: nothing left to run")
         return result
     ckpts = sorted({c for c, _, _ in todo}, key=lambda c: c.config_name)
     for c in ckpts:
@@ -114,14 +116,17 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
          f"seed={','.join(map(str, seeds))}"],
         ctx, launcher, ctx.finetune_overrides, sweep_dir)
     return _launch_phase(result, command, dry_run,
-                         "fine-tuning multirun exited with %d: some jobs failed (listed in the report)")
+                         "fine-tuning multirun exited with %d: some jobs failed (listed in the report)",
+                         PhaseConsole("finetune", len(ckpts) * len(tasks) * len(seeds), sweep_dir / "console.log"))
 
 
-def _launch_phase(result: PhaseResult, command: list[str], dry_run: bool, failed: str) -> PhaseResult:
-    """Run a phase's multirun `command`, timed, into `result`; a non-zero exit is logged (`failed` % code)."""
+def _launch_phase(result: PhaseResult, command: list[str], dry_run: bool, failed: str,
+                  watch: PhaseConsole) -> PhaseResult:
+    """Run a phase's multirun `command`, timed, into `result`, `watch` showing its progress; a non-zero exit is
+    logged (`failed` % code)."""
     result.command = command
     tic = time.perf_counter()
-    result.returncode = launch(command, dry_run)
+    result.returncode = launch(command, dry_run, watch)
     result.seconds = time.perf_counter() - tic
     if result.returncode:
         log.warning(failed, result.returncode)
@@ -201,21 +206,18 @@ def retire_dead_sweeps(client, ctx: SweepContext) -> list[str]:
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="sweep", version_base="1.3")
 @cli.one_line_errors
 def main(cfg: DictConfig) -> str | None:
+    console.setup()
     ctx = context_from_cfg(cfg)
     hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]
     command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
     result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run),
                        command, instantiate(cfg.report_writer))
-    for r in result.phases:
-        print(f"{r.name}: {r.jobs} job(s) launched" + (f", exit code {r.returncode}" if r.returncode else "")
-              + (f", {r.seconds:.0f} s" if r.seconds else ""))
-    if result.report:
-        print(f"report: {result.report}")
     return str(result.report) if result.report else None
 
 
 def cli_main() -> None:
     """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    console.take_verbose_flag()
     cli.check_args("sweep")
     main()
 

@@ -1,0 +1,56 @@
+"""What a report says, in a screen of plain text: the command that writes the report prints it at its end (the
+main table, the warnings about arms that learned nothing, each verdict on one line and the report's path), from
+the same tables and verdicts the markdown is rendered from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from electra_ablate.report import markdown, verdicts
+from electra_ablate.report.collect import SweepData
+from electra_ablate.report.stats import Summary
+
+_MARKUP = re.compile(r"\*\*|(?<!\w)\*(?=\w)|(?<=\w)\*(?!\w)|`")
+_LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
+
+
+def plain(text: str) -> str:
+    """Markdown emphasis, code marks and links as plain text."""
+    return _MARKUP.sub("", _LINK.sub(r"\1", text))
+
+
+def aligned(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    """A table as aligned text columns, two spaces apart."""
+    cells = [[plain(str(c)) for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+
+
+def verdict_line(v: verdicts.Verdict) -> str:
+    """'holds       <claim>: +2.8 [+0.7, +5.2] on SST-2' (or why there is no number)."""
+    name = v.verdict.replace(" at this scale", "")
+    if v.difference is None:
+        return f"{name:<11} {v.claim.text}: {v.note or v.resolve}"
+    d = v.difference
+    on = ", ".join(verdicts.glue_task_names(v.tasks))
+    return f"{name:<11} {v.claim.text}: {d.estimate:+.1f} [{d.low:+.1f}, {d.high:+.1f}] on {on}"
+
+
+def lines(data: SweepData, summary: Summary, health: Mapping, paper: Mapping, results: Sequence[verdicts.Verdict],
+          report: Path) -> list[str]:
+    spec = data.ctx.spec
+    out = [f"{spec.name} (scale {spec.scale_name}): {spec.description}"]
+    if summary.tasks:
+        out += [f"{verdicts.glue_label(summary.tasks)} dev, median over fine-tuning seeds:", ""]
+        out += ["  " + row for row in aligned(*markdown.glue_table(spec, summary, health, paper))]
+    else:
+        out.append("No fine-tuning run of a final checkpoint has finished yet.")
+    out += [""] + [plain(w) for w in markdown.degenerate_warnings(data, health) if w]
+    if results:
+        out += ["verdicts (95% multi-bootstrap interval, points):"] + ["  " + verdict_line(v) for v in results]
+    if data.problems:
+        out.append(f"{len(data.problems)} failed or missing run(s): listed in the report")
+    return out + [f"report: {report}"]
