@@ -194,6 +194,8 @@ def summary_table(records: Sequence[Mapping]) -> list[str]:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else f"not run yet: `{r['command']}`"
         for c in r["claims"]:
             if c["claim"].startswith(SANITY):
+                if c["verdict"] in ("not run yet", "not run"):
+                    continue  # the sweep's own row says how to run it
                 sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
                 sanity_links += [link] if link not in sanity_links else []
                 continue
