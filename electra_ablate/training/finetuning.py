@@ -62,7 +62,7 @@ def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
             "glue_data.source=hf"
         )
     if missing:
-        log.info("task=glue: data not found under %s for %s; running %s", cfg.glue_data.dir, ", ".join(missing),
+        log.warning("task=glue: data not found under %s for %s; running %s", cfg.glue_data.dir, ", ".join(missing),
                  ", ".join(t.name for t, _ in chosen))
     return chosen
 
