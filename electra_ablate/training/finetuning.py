@@ -171,7 +171,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
                 test: dict[str, list[glue.Example]] | None = None) -> float:
     """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the run
     ends FAILED (KILLED for a signal) on any exception."""
-    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(ident))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:  # finished by another process while this one waited to start
         tracking.retire_stale(client, runs, keep=done.info.run_id)
@@ -338,7 +338,7 @@ def run(cfg: DictConfig) -> float:
     for task, task_cfg in tasks:
         ident = run_identity(cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
-        done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
+        done = tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
         if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
             print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
                   "running it again with glue_data.predict_test=true")
