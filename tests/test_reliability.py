@@ -162,6 +162,73 @@ def test_a_second_process_with_the_same_identity_stops_with_a_clear_message(tmp_
         assert json.loads(lock.with_name("run.lock.owner").read_text())["pid"] == os.getpid()
 
 
+def composed(config: str, overrides: list[str]):
+    """The config a command line with these overrides composes (its paths.output_dir set: only a run has one)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config, overrides=[*overrides, "paths.output_dir=/unused"])
+
+
+def job_logs(sweep_dir: Path) -> dict[str, str]:
+    return {p.parent.name: p.read_text() for p in sorted(sweep_dir.glob("*/*.log"))}
+
+
+@pytest.mark.slow
+def test_a_multirun_job_that_cannot_run_says_why_and_the_command_fails(tmp_path, data_dir, token_cache):
+    # Job 0's identity is busy (another process holds its lock), job 1's config is refused (a negative learning
+    # rate): neither can run, each job's log says why, and the multirun exits non-zero.
+    from conftest import TINY_PRETRAIN
+
+    settings = [*(f"{k}={v}" for k, v in TINY_PRETRAIN.items()), f"paths.root_dir={tmp_path}",
+                f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", "objective=bert"]
+    cfg = composed("pretrain", [*settings, "optim.lr=2e-3"])
+    lock = tmp_path / "outputs" / "pretrain" / cfg.logger.experiment / tracking.config_hash(cfg) / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = subprocess.run([sys.executable, "-m", "electra_ablate.pretrain", "-m", *settings, "optim.lr=2e-3,-1",
+                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                              env=env(), capture_output=True, text=True, timeout=600)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "is already running in pid" in done.stderr
+    logs = job_logs(tmp_path / "multirun")
+    assert len(logs) == 2, logs
+    first, second = (logs[k] for k in sorted(logs))
+    assert f"is already running in pid {holder.pid}" in first
+    assert "optim.lr" in second
+
+
+@pytest.mark.slow
+def test_a_busy_fine_tuning_identity_fails_the_job_even_with_keep_going(tmp_path, data_dir):
+    # sweep.keep_going lets a job go on past a task that failed; a task that could not run at all (its identity
+    # busy) still makes the job, and so the multirun, fail.
+    from electra_ablate.training import finetuning
+    from electra_ablate.training.finetune_source import normalise_spec
+
+    cmd = finetune_command(tmp_path, data_dir)
+    overrides = [a for a in cmd[3:] if not a.startswith("hydra.")]
+    cfg = composed("finetune", overrides)
+    (_, task_cfg), = finetuning.selected_tasks(cfg)
+    cfg_hash = tracking.config_hash(finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained)))
+    lock = tmp_path / "outputs" / "finetune" / cfg.logger.experiment / cfg_hash / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = subprocess.run([*cmd[:3], "-m", *overrides, "sweep.keep_going=true",
+                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                              env=env(), capture_output=True, text=True, timeout=600)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert done.returncode != 0, done.stderr[-3000:]
+    (log,) = job_logs(tmp_path / "multirun").values()
+    assert f"is already running in pid {holder.pid}" in log and not all_runs(tmp_path)
+
+
 def test_an_adopted_run_logs_each_step_once(tmp_path):
     client = tracking.setup(f"sqlite:///{tmp_path}/mlflow.db", "exp")
     first = tracking.RunLogger.start(client, "exp", "r", {tracking.TAG_CONFIG_HASH: "h"})

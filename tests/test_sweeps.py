@@ -335,6 +335,21 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     assert "pretrain: 2 job(s) launched" in done.stdout
 
 
+def test_a_sweep_whose_multirun_failed_exits_non_zero_and_records_why(tmp_path, data_dir, monkeypatch):
+    from electra_ablate.sweep import run as runner
+
+    ctx = context("table1_small", "tiny", tmp_path, data_dir)
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 1)  # a job failed or could not run
+    result = runner.run_sweep(ctx, phases=["pretrain"])
+    assert "the pretrain multirun exited with 1" in result.failure
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    (record,) = client.search_runs([client.get_experiment_by_name(ctx.experiment).experiment_id],
+                                   filter_string="tags.kind = 'sweep'")
+    assert record.info.status == "FAILED" and "pretrain multirun exited with 1" in record.data.tags["end_reason"]
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 0)
+    assert runner.run_sweep(ctx, phases=["pretrain"]).failure is None
+
+
 RUNNER = """
 import sys
 from electra_ablate.sweep.launch import launch

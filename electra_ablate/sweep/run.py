@@ -16,13 +16,15 @@ submitit = SLURM, Ray):
 
 Work already done is found in MLflow (sweep.plan) and not launched again; the entry points also skip finished
 work themselves. A failed job ends its MLflow run FAILED and the multirun goes on with the others (Hydra's
-launchers run every job of a batch, then report the first failure); the report lists failed and missing jobs.
+launchers run every job of a batch, then report the first failure); the report lists failed and missing jobs,
+and the sweep exits non-zero when a phase's multirun did (a job failed or could not run).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +68,17 @@ class PhaseResult:
 class SweepResult:
     phases: list[PhaseResult]
     report: Path | None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the sweep did not do all its work (a phase's multirun exited non-zero: a job failed or could not
+        run, e.g. its identity was busy), else None. The sweep command then exits non-zero."""
+        failed = [r for r in self.phases if r.returncode]
+        if not failed:
+            return None
+        return ("; ".join(f"the {r.name} multirun exited with {r.returncode}" for r in failed)
+                + ": a job failed or could not run (the multirun's output and the report say which); run the "
+                "same command again once it is fixed: finished work is skipped")
 
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
@@ -179,10 +192,11 @@ def run_sweep(
         if record is not None:
             record.finish(*tracking.end_status(error))
         raise
+    result = SweepResult(results, report_path)
     if record is not None:
         record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
-        record.finish("FINISHED")
-    return SweepResult(results, report_path)
+        record.finish("FAILED", result.failure) if result.failure else record.finish("FINISHED")
+    return result
 
 
 def retire_dead_sweeps(client, ctx: SweepContext) -> list[str]:
@@ -211,6 +225,8 @@ def main(cfg: DictConfig) -> str | None:
               + (f", {r.seconds:.0f} s" if r.seconds else ""))
     if result.report:
         print(f"report: {result.report}")
+    if result.failure:
+        sys.exit(f"error: {result.failure}")  # SystemExit passes Hydra's job runner: the command's exit status
     return str(result.report) if result.report else None
 
 

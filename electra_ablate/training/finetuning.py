@@ -31,7 +31,7 @@ from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.models import fast
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.tracking.store import IdentityLock
+from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import FinetuneError, Pretrained, normalise_spec, resolve_pretrained
 
@@ -355,16 +355,24 @@ def run(cfg: DictConfig) -> float:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
         check_compatible(cfg, pretrained, tokenizer)
+        busy: list[RunBusyError] = []
         for task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
                 scores[task.name] = train_task(
                     cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
                 )
+            except RunBusyError as error:  # not run at all: keep_going goes on, but the job does not succeed
+                if not cfg.sweep.keep_going:
+                    raise
+                log.error("%s", error)
+                busy.append(error)
             except Exception:
                 if not cfg.sweep.keep_going:
                     raise
                 log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
                               task.name, cfg.seed)
+        if busy:
+            raise RunBusyError("; ".join(map(str, busy)))
     if "members" not in cfg.task:
         return scores.get(cfg.task.name, float("nan"))
     if not any(t != "wnli" for t in scores):
