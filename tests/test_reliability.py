@@ -449,3 +449,107 @@ def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_
     runs = all_runs(tmp_path)
     assert sorted((r.data.tags["seed"], r.info.status) for r in runs) == [("0", "FINISHED"), ("1", "FINISHED")]
     print(f"launcher {launcher}: 2 pre-training jobs in {time.perf_counter() - tic:.0f} s")
+
+
+# --- clean stops: SIGINT / SIGTERM to a sweep ends every process it started, and a re-run resumes -----------
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """Every live process: pid -> (parent pid, start time in clock ticks: with the pid, one process)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] not in ("Z", "X"):
+                out[int(entry.name)] = (int(fields[1]), fields[19])
+    return out
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> set[tuple[int, str]]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add((child, table[child][1]))
+            todo.append(child)
+    return found
+
+
+STOPS = {"basic-SIGINT": ([], signal.SIGINT),
+         "joblib-SIGTERM": (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], signal.SIGTERM)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", STOPS, ids=list(STOPS))
+def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_dir, token_cache, stop):
+    from test_sweeps import write_mini
+
+    launcher, sig = STOPS[stop]
+    # Three pre-training jobs (two at a time under joblib: one waits in its queue), long enough to be stopped
+    # mid-training, with DataLoader workers and a checkpoint every 10 steps.
+    path = write_mini(tmp_path / "stop.yaml", name="stop", seeds=[0], pretrain_seeds=[0, 1, 2])
+    spec = __import__("yaml").safe_load(path.read_text())
+    spec["variants"] = {"electra": {"objective": "electra"}}
+    spec["pretrain"].update({"trainer.max_steps": 200, "trainer.checkpoint_every_n_steps": 10,
+                             "logger.log_every_n_steps": 5, "runtime.num_workers": 1})
+    path.write_text(__import__("yaml").safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={path}", f"paths.root_dir={tmp_path}",
+           f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", f"report_dir={tmp_path}/reports", *launcher]
+    runner = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    seen: set[tuple[int, str]] = set()
+    tic = time.perf_counter()
+    try:
+        while not any(tmp_path.glob("outputs/pretrain/*/*/checkpoints/last.ckpt")):
+            assert runner.poll() is None, f"the sweep ended before it could be stopped: {runner.stdout.read()[-3000:]}"
+            assert time.perf_counter() - tic < 600, "no checkpoint within 10 minutes"
+            seen |= descendants(runner.pid, processes())
+            time.sleep(0.2)
+        seen |= descendants(runner.pid, processes())
+        runner.send_signal(sig)
+        deadline = time.perf_counter() + 180
+        while runner.poll() is None and time.perf_counter() < deadline:
+            seen |= descendants(runner.pid, processes())
+            time.sleep(0.2)
+        out = runner.communicate(timeout=5)[0]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    stop_s = time.perf_counter() - tic
+    assert runner.returncode != 0, out[-3000:]
+    assert len(seen) >= 2 + bool(launcher), seen  # the multirun, its job(s) or loky workers, DataLoader workers
+    time.sleep(1)
+    alive = seen & {(pid, start) for pid, (_, start) in processes().items()}
+    assert not alive, f"processes of the stopped sweep still alive: {alive}\n{out[-3000:]}"
+
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    client = store.open_client(uri)
+    exp = client.get_experiment_by_name("stop")
+    stopped = client.search_runs([exp.experiment_id])
+    statuses = {r.info.run_id: (r.data.tags.get("kind"), r.info.status) for r in stopped}
+    assert "RUNNING" not in {s for _, s in statuses.values()}, statuses
+    killed = [r for r in stopped if r.data.tags.get("kind") == "pretrain" and r.info.status == "KILLED"]
+    assert killed, statuses
+    assert [r.info.status for r in stopped if r.data.tags.get("kind") == "sweep"] == ["KILLED"]
+
+    rerun = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=1200)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    after = {r.info.run_id: r for r in client.search_runs([exp.experiment_id], max_results=1000)}
+    pre = [r for r in after.values() if r.data.tags.get("kind") == "pretrain"]
+    assert len(pre) == 3 and {r.info.status for r in pre} == {"FINISHED"}
+    for r in killed:  # the interrupted runs went on in place, from their checkpoint
+        again = after[r.info.run_id]
+        assert again.info.status == "FINISHED" and again.data.tags[tracking.TAG_ATTEMPTS] == "2"
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == list(range(5, 201, 5))
+    hows = [json.loads(after[r.info.run_id].data.tags[tracking.TAG_RESTARTS])[-1]["how"] for r in killed]
+    assert any(how.startswith("resumed from") for how in hows), hows
+    print(f"sweep ({stop}): stopped after {stop_s:.0f} s with {len(seen)} processes seen, none left; "
+          f"{len(killed)} run(s) KILLED, resumed and FINISHED by the re-run")
+

@@ -38,11 +38,13 @@ from omegaconf import DictConfig
 
 from electra_ablate.common import cli
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
-from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
+from electra_ablate.sweep.launch import (check_launcher, launch, launcher_overrides, multirun_command, shell_join,
+                                         sigterm_as_interrupt)
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
 from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
 from electra_ablate.tracking import runs as tracking
+from electra_ablate.tracking.store import IdentityLock, RunBusyError
 
 log = logging.getLogger(__name__)
 
@@ -174,29 +176,61 @@ def run_sweep(
     results: list[PhaseResult] = []
     report_path = None
     tic = time.perf_counter()
-    try:
-        if "pretrain" in phases:
-            results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
-        if "finetune" in phases:
-            results.append(run_finetune_phase(ctx, client, launcher, dry_run))
-        if record is not None:
-            record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
-                                                            "seconds": round(r.seconds, 1),
-                                                            "command": shell_join(r.command)}) for r in results})
-            record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
-        if "report" in phases and not dry_run:
-            report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
-                                       running_sweep_run=record.run_id if record else None,
-                                       running_wall_time=time.perf_counter() - tic)
-    except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
-        if record is not None:
-            record.finish(*tracking.end_status(error))
-        raise
+    with sigterm_as_interrupt():  # SIGTERM stops the sweep as Ctrl-C does: its record ends KILLED
+        try:
+            if "pretrain" in phases:
+                results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
+            if "finetune" in phases:
+                results.append(run_finetune_phase(ctx, client, launcher, dry_run))
+            if record is not None:
+                record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
+                                                                "seconds": round(r.seconds, 1),
+                                                                "command": shell_join(r.command)}) for r in results})
+                record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
+            if "report" in phases and not dry_run:
+                report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
+                                           running_sweep_run=record.run_id if record else None,
+                                           running_wall_time=time.perf_counter() - tic)
+        except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
+            if record is not None:
+                for run_id in retire_interrupted(client, ctx):
+                    log.info("run %s was stopped before it could end itself: marked KILLED (resumed by the next run "
+                             "of the sweep)", run_id)
+                record.finish(*tracking.end_status(error))
+            raise
     result = SweepResult(results, report_path)
     if record is not None:
         record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
         record.finish("FAILED", result.failure) if result.failure else record.finish("FINISHED")
     return result
+
+
+def retire_interrupted(client, ctx: SweepContext) -> list[str]:
+    """Mark KILLED this sweep's pre-training and fine-tuning runs left RUNNING by a job that a stop ended before
+    it could end its run itself (it was killed after the grace period): a run counts when its identity lock
+    (training/pretraining.py, finetuning.py) is free, so runs of processes still alive (another invocation
+    sharing the experiment) stay as they are. Such runs are resumed by the next run of the sweep."""
+    exp = client.get_experiment_by_name(ctx.experiment)
+    if exp is None:
+        return []
+    found = client.search_runs([exp.experiment_id], max_results=10000, filter_string=(
+        f"tags.{tracking.TAG_SWEEP} = '{ctx.spec.name}' and attributes.status = 'RUNNING'"))
+    gone = []
+    for r in found:
+        kind, cfg_hash = r.data.tags.get(tracking.TAG_KIND), r.data.tags.get(tracking.TAG_CONFIG_HASH)
+        lock = ctx.output_root / str(kind) / ctx.experiment / str(cfg_hash) / "run.lock"
+        if kind not in ("pretrain", "finetune") or not cfg_hash or not lock.is_file():
+            continue  # not a job of this sweep, or no lock to tell whether its process lives
+        try:
+            with IdentityLock(lock, f"{kind} run {r.info.run_id}"):
+                gone.append(r)
+        except RunBusyError:
+            continue
+    for r in gone:
+        client.set_tag(r.info.run_id, tracking.TAG_END_REASON,
+                       "stopped with its sweep (SIGINT/SIGTERM), killed before it could end the run")
+        client.set_terminated(r.info.run_id, status="KILLED")
+    return [r.info.run_id for r in gone]
 
 
 def retire_dead_sweeps(client, ctx: SweepContext) -> list[str]:
