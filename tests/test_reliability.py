@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from electra_ablate.tracking import store
@@ -494,11 +495,11 @@ def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_
     # Three pre-training jobs (two at a time under joblib: one waits in its queue), long enough to be stopped
     # mid-training, with DataLoader workers and a checkpoint every 10 steps.
     path = write_mini(tmp_path / "stop.yaml", name="stop", seeds=[0], pretrain_seeds=[0, 1, 2])
-    spec = __import__("yaml").safe_load(path.read_text())
+    spec = yaml.safe_load(path.read_text())
     spec["variants"] = {"electra": {"objective": "electra"}}
     spec["pretrain"].update({"trainer.max_steps": 200, "trainer.checkpoint_every_n_steps": 10,
                              "logger.log_every_n_steps": 5, "runtime.num_workers": 1})
-    path.write_text(__import__("yaml").safe_dump(spec, sort_keys=False))
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={path}", f"paths.root_dir={tmp_path}",
            f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", f"report_dir={tmp_path}/reports", *launcher]
     runner = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -553,3 +554,189 @@ def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_
     print(f"sweep ({stop}): stopped after {stop_s:.0f} s with {len(seen)} processes seen, none left; "
           f"{len(killed)} run(s) KILLED, resumed and FINISHED by the re-run")
 
+
+# --- a real MLflow tracking server: a sweep through MLFLOW_TRACKING_URI, and the server going away ----------
+
+
+class Server:
+    """`mlflow server` on 127.0.0.1 (a free port), a SQLite backend and a local artifact root in `folder`; it
+    runs in a process group of its own, which `stop` ends whole."""
+
+    def __init__(self, folder: Path):
+        import socket
+
+        self.folder = folder
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        import urllib.request
+
+        log = open(self.folder / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             "1", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
+             "--artifacts-destination", str(self.folder / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env())
+        tic = time.perf_counter()
+        while time.perf_counter() - tic < timeout:
+            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"mlflow server did not answer within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                tic = time.perf_counter()  # the group (uvicorn and its job runner) outlives the launcher
+                while time.perf_counter() - tic < wait:
+                    os.killpg(self.proc.pid, 0)
+                    time.sleep(0.2)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                continue
+        self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path):
+    folder = tmp_path / "server"
+    folder.mkdir()
+    served = Server(folder)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def served_env(uri: str, **extra: str) -> dict[str, str]:
+    return {**env(), "MLFLOW_TRACKING_URI": uri, **extra}
+
+
+def test_a_tracking_server_that_does_not_answer_stops_the_run_with_one_message(monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(tracking.TrackingUnavailable, match=f"server {uri} does not answer .*nothing was run"):
+        tracking.setup(uri, "exp")
+    run = tracking.RunLogger(MlflowClient(uri), "0" * 32)
+    run.log_metrics({"train/loss": 1.0}, 10)
+    run.log_metrics({"train/loss": 0.5}, 20)
+    with pytest.raises(tracking.TrackingUnavailable, match="steps 10-20 unsent; it stays RUNNING.*run the same command"):
+        run.flush()
+    assert len(run._buffer) == 2  # kept: nothing is dropped that was not written
+    calls = []
+    monkeypatch.setattr(run.client, "set_terminated", lambda *a, **k: calls.append(a))
+    with pytest.raises(tracking.TrackingUnavailable):  # at once: no second wait for the server, no end written
+        run.finish("KILLED", "stopped")
+    assert not calls
+    from electra_ablate.common.cli import refusal_message
+
+    assert refusal_message(tracking.TrackingUnavailable("gone")) == "gone"  # `error: gone`, one line, no stack
+
+
+@pytest.mark.slow
+def test_a_sweep_through_an_mlflow_server(tmp_path, data_dir, token_cache, server):
+    from test_sweeps import write_mini
+
+    path = write_mini(tmp_path / "served.yaml", name="served", seeds=[0], pretrain_seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["pretrain"]["logger.log_every_n_steps"] = 2  # a metric history of two windows per pre-training run
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={path}", f"paths.root_dir={tmp_path}",
+           f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", f"report_dir={tmp_path}/reports"]
+    tic = time.perf_counter()
+    done = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True, timeout=1200)
+    seconds = time.perf_counter() - tic
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # everything went to the server
+
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name("served")
+    runs = {}
+    for r in client.search_runs([exp.experiment_id], max_results=1000):
+        runs.setdefault(r.data.tags.get(tracking.TAG_KIND), []).append(r)
+    pre, ft = runs["pretrain"], runs["finetune"]
+    assert len(pre) == 2 and len(ft) == 2 and {r.info.status for r in pre + ft + runs["sweep"]} == {"FINISHED"}
+    for r in pre:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == [2, 4]
+        final = Path(r.data.tags[tracking.TAG_CHECKPOINT])  # what fine-tuning loaded
+        assert (final / "config.json").is_file() and (final / "model.pt").is_file()
+    parents = {r.info.run_id for r in pre}
+    for r in ft:  # nested under its pre-training run, its scores and predictions on the server
+        assert r.data.tags["mlflow.parentRunId"] in parents and "final/score" in r.data.metrics
+        (artifact,) = client.list_artifacts(r.info.run_id, "predictions")
+        assert list((server.folder / "artifacts").rglob(Path(artifact.path).name))
+    report = (tmp_path / "reports" / "served.md").read_text()
+    assert all(any(line.startswith(f"| {v} (") for line in report.splitlines()) for v in ("electra", "bert"))
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True,
+                           timeout=1200)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "pretrain: 0 job(s) launched" in again.stdout and "finetune: 0 job(s) launched" in again.stdout
+    print(f"sweep through mlflow server {server.uri}: 2 pre-training + 2 fine-tuning runs in {seconds:.0f} s; "
+          "the re-run launched nothing")
+
+
+@pytest.mark.slow
+def test_the_server_going_away_stops_the_run_with_one_message_and_the_rerun_leaves_no_gap(
+        tmp_path, data_dir, token_cache, server):
+    from conftest import TINY_PRETRAIN
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(token_cache), "hydra.run.dir": str(tmp_path / "run")}
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", "objective=electra", "trainer.max_steps=400",
+           "trainer.checkpoint_every_n_steps=20", "logger.log_every_n_steps=10",
+           *(f"{k}={v}" for k, v in settings.items())]
+    # MLflow's client retries a server that does not answer for about 4 minutes by default; a few seconds here.
+    job_env = served_env(server.uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2", MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        tic = time.perf_counter()
+        while not any(tmp_path.glob("outputs/pretrain/*/*/checkpoints/last.ckpt")):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.perf_counter() - tic < 600, "no checkpoint within 10 minutes"
+            time.sleep(0.1)
+        server.stop()
+        stderr = proc.communicate(timeout=600)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the MLflow tracking server {server.uri} does not answer"), stderr[-3000:]
+    assert "run the same command again" in last
+
+    server.start()
+    client = MlflowClient(server.uri)
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "RUNNING"  # nothing could end it; the next attempt resumes it
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    out = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    assert json.loads(run.data.tags[tracking.TAG_RESTARTS])[-1]["how"].startswith("resumed from")
+    for key in ("train/loss", "train/disc_loss"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert steps == list(range(10, 401, 10)), (key, steps)  # every window once: no gap, no duplicate
+    print(f"server stopped after the first checkpoint: the run stopped with one message ({len(logged)} windows "
+          "logged); after a restart of the server the re-run resumed it, 40 of 40 windows, each once")
