@@ -4,6 +4,7 @@ several points of pre-training and fine-tuning followed by a re-run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -528,6 +529,9 @@ def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_
     assert len(seen) >= 2 + bool(launcher), seen  # the multirun, its job(s) or loky workers, DataLoader workers
     time.sleep(1)
     alive = seen & {(pid, start) for pid, (_, start) in processes().items()}
+    for pid, _ in alive:  # leave nothing behind, even when the check fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     assert not alive, f"processes of the stopped sweep still alive: {alive}\n{out[-3000:]}"
 
     uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
