@@ -176,8 +176,8 @@ def finetune_hash_of(ctx, client):
     checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
     by_name = {c.config_name: c for c in checkpoints}
     out = {}
-    for (name, task, seed), h in finetune_hashes(ctx, checkpoints).items():
-        c = by_name[name]
+    for (name, task, seed), hashes in finetune_hashes(ctx, checkpoints).items():
+        c, h = by_name[name], hashes[0]
         out[(c.variant, c.step, task, seed)] = h  # one pre-training seed per variant: the variant names it
         if c.run_id is not None and not c.random_init:
             out[(c.run_id, c.step, task, seed)] = h  # several: the pre-training run does

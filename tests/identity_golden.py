@@ -22,6 +22,9 @@ GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"
 # The pre-training identities as recorded before the data group's paths were hashed relative to the data folder
 # (tracking.DATA_DIR_SPELLING): `tracking.identity_hashes` must still produce them, so those runs are found.
 LEGACY_DATA_PATHS = Path(__file__).resolve().parent / "fixtures" / "identities_absolute_data_paths.json"
+# Every identity as recorded before numbers were hashed by value (an integral float as the int): the lookup
+# (`tracking.identity_hashes`) must still produce them for the configs as shipped.
+LEGACY_NUMBERS = Path(__file__).resolve().parent / "fixtures" / "identities_numbers_as_written.json"
 PATHS = {"root_dir": "/golden", "data_dir": "/golden/data", "output_root": "/golden/out", "cache_dir": "/golden/cache"}
 FAKE_RUN = "0" * 32
 
@@ -31,8 +34,9 @@ def scales_of(path: Path) -> list[str | None]:
     return sorted(raw.get("scales") or {}) or [None]
 
 
-def current_identities(tmp: Path, legacy: dict[str, str] | None = None) -> dict[str, str]:
-    """Every shipped job's config hash; `legacy` (when given) gets each pre-training job's legacy hash."""
+def current_identities(tmp: Path, lookups: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """Every shipped job's config hash; `lookups` (when given) gets every hash each job's runs are looked up
+    by (tracking.identity_hashes: the current one, then the legacy spellings)."""
     out: dict[str, str] = {}
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
         for scale in scales_of(path):
@@ -44,8 +48,8 @@ def current_identities(tmp: Path, legacy: dict[str, str] | None = None) -> dict[
                     cfg = ctx.compose_pretrain(PretrainJob(v.label, ctx.spec.pretrain_seeds[0]))
                     hashes = tracking.identity_hashes(cfg)
                     out[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes[0]
-                    if legacy is not None:
-                        legacy[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes[-1]
+                    if lookups is not None:
+                        lookups[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes
                 for v in ctx.spec.variants:
                     ckpt = (Checkpoint(v.label, None, None, None, True, None) if v.pretrained
                             else Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,
@@ -58,6 +62,8 @@ def current_identities(tmp: Path, legacy: dict[str, str] | None = None) -> dict[
                     spec = finetune_source.normalise_spec(cfg.pretrained)
                     ident = finetuning.run_identity(cfg, task_cfg, spec)
                     out[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.config_hash(ident)
+                    if lookups is not None:
+                        lookups[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.identity_hashes(ident)
     return out
 
 

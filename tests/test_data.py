@@ -227,6 +227,27 @@ def test_every_input_changes_the_cache_key(tmp_path):
     assert len(list((tmp_path / "c" / "pretrain").iterdir())) == 9
 
 
+def test_a_copied_data_folder_finds_the_cache(tmp_path):
+    from electra_ablate.data import cache
+
+    (tmp_path / "a" / "corpus").mkdir(parents=True)
+    (tmp_path / "a" / "corpus" / "c.txt").write_text(head_corpus(CORPUS, 30))
+    settings = dict(vocab_file=VOCAB, cache_dir=tmp_path / "cache", max_seq_length=64, train_vocab_size=500)
+    first = build_or_load(corpus=tmp_path / "a" / "corpus" / "c.txt", **settings)
+    # A fresh copy elsewhere: another path, a new modification time, the same bytes.
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)
+    copy = tmp_path / "b" / "corpus" / "c.txt"
+    os.utime(copy, ns=(copy.stat().st_atime_ns, copy.stat().st_mtime_ns + 10**9))
+    again = build_or_load(corpus=copy, **settings)
+    assert again.directory == first.directory
+    assert [len(list((tmp_path / "cache" / d).iterdir())) for d in ("pretrain", "vocab")] == [1, 1]
+    # Entries built when the key held the file's path and modification time are still used for that file.
+    legacy = cache._hash(cache._key_inputs(cache._legacy_corpus_identity(copy), again.vocab_path, True, 64, 0.05,
+                                           12345, None, 500))
+    (first.directory).rename(first.directory.with_name(legacy))
+    assert build_or_load(corpus=copy, **settings).directory.name == legacy
+
+
 def test_xz_corpus_gives_the_same_examples(tmp_path):
     text = head_corpus(CORPUS, 40)
     (tmp_path / "c.txt").write_text(text)
@@ -420,21 +441,22 @@ def test_resume_with_other_data_stream_fails(tmp_path):
 
 
 def test_resume_follows_the_examples_not_the_cache_entry_name(tmp_path):
-    # The same text copied anew (a new modification time, so a new cache entry) is the same stream; a checkpoint
-    # from before the digest was saved names its entry, whose digest is read when it is still in the cache.
+    # The same text in other bytes (compressed, so another cache entry) is the same stream; a checkpoint from
+    # before the digest was saved names its entry, whose digest is read when it is still in the cache.
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(head_corpus(corpus, 150))
     dm = small_dm(tmp_path / "cache", corpus=str(corpus))
     dm.prepare()
     state = {**dm.state_dict(), "batches_consumed": 3}
-    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
-    copied = small_dm(tmp_path / "cache", corpus=str(corpus))
+    with lzma.open(tmp_path / "corpus.txt.xz", "wt", encoding="utf-8") as f:
+        f.write(corpus.read_text())
+    copied = small_dm(tmp_path / "cache", corpus=str(tmp_path / "corpus.txt.xz"))
     copied.prepare()
     assert copied.cache.directory != dm.cache.directory
     copied.load_state_dict(state)
     torch.testing.assert_close(take(copied.train_dataloader(), 1)[0], take(dm.train_dataloader(), 4)[3])
     older = {k: v for k, v in state.items() if k != "examples_sha256"}
-    small_dm(tmp_path / "cache", corpus=str(corpus)).load_state_dict(older)
+    small_dm(tmp_path / "cache", corpus=str(tmp_path / "corpus.txt.xz")).load_state_dict(older)
     other = small_dm(tmp_path / "cache", max_docs=100)
     for saved in (state, older):
         with pytest.raises(DataError, match=f"examples of cache entry {dm.cache.directory.name}"):

@@ -4,6 +4,7 @@ several points of pre-training and fine-tuning followed by a re-run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from electra_ablate.tracking import store
@@ -160,6 +162,73 @@ def test_a_second_process_with_the_same_identity_stops_with_a_clear_message(tmp_
         holder.wait()
     with store.IdentityLock(lock, "pre-training x"):  # the kernel released the dead holder's lock
         assert json.loads(lock.with_name("run.lock.owner").read_text())["pid"] == os.getpid()
+
+
+def composed(config: str, overrides: list[str]):
+    """The config a command line with these overrides composes (its paths.output_dir set: only a run has one)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return compose(config, overrides=[*overrides, "paths.output_dir=/unused"])
+
+
+def job_logs(sweep_dir: Path) -> dict[str, str]:
+    return {p.parent.name: p.read_text() for p in sorted(sweep_dir.glob("*/*.log"))}
+
+
+@pytest.mark.slow
+def test_a_multirun_job_that_cannot_run_says_why_and_the_command_fails(tmp_path, data_dir, token_cache):
+    # Job 0's identity is busy (another process holds its lock), job 1's config is refused (a negative learning
+    # rate): neither can run, each job's log says why, and the multirun exits non-zero.
+    from conftest import TINY_PRETRAIN
+
+    settings = [*(f"{k}={v}" for k, v in TINY_PRETRAIN.items()), f"paths.root_dir={tmp_path}",
+                f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", "objective=bert"]
+    cfg = composed("pretrain", [*settings, "optim.lr=2e-3"])
+    lock = tmp_path / "outputs" / "pretrain" / cfg.logger.experiment / tracking.config_hash(cfg) / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = subprocess.run([sys.executable, "-m", "electra_ablate.pretrain", "-m", *settings, "optim.lr=2e-3,-1",
+                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                              env=env(), capture_output=True, text=True, timeout=600)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "is already running in pid" in done.stderr
+    logs = job_logs(tmp_path / "multirun")
+    assert len(logs) == 2, logs
+    first, second = (logs[k] for k in sorted(logs))
+    assert f"is already running in pid {holder.pid}" in first
+    assert "optim.lr" in second
+
+
+@pytest.mark.slow
+def test_a_busy_fine_tuning_identity_fails_the_job_even_with_keep_going(tmp_path, data_dir):
+    # sweep.keep_going lets a job go on past a task that failed; a task that could not run at all (its identity
+    # busy) still makes the job, and so the multirun, fail.
+    from electra_ablate.training import finetuning
+    from electra_ablate.training.finetune_source import normalise_spec
+
+    cmd = finetune_command(tmp_path, data_dir)
+    overrides = [a for a in cmd[3:] if not a.startswith("hydra.")]
+    cfg = composed("finetune", overrides)
+    (_, task_cfg), = finetuning.selected_tasks(cfg)
+    cfg_hash = tracking.config_hash(finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained)))
+    lock = tmp_path / "outputs" / "finetune" / cfg.logger.experiment / cfg_hash / "run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = subprocess.run([*cmd[:3], "-m", *overrides, "sweep.keep_going=true",
+                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+                              env=env(), capture_output=True, text=True, timeout=600)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert done.returncode != 0, done.stderr[-3000:]
+    (log,) = job_logs(tmp_path / "multirun").values()
+    assert f"is already running in pid {holder.pid}" in log and not all_runs(tmp_path)
 
 
 def test_an_adopted_run_logs_each_step_once(tmp_path):
@@ -382,3 +451,296 @@ def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_
     runs = all_runs(tmp_path)
     assert sorted((r.data.tags["seed"], r.info.status) for r in runs) == [("0", "FINISHED"), ("1", "FINISHED")]
     print(f"launcher {launcher}: 2 pre-training jobs in {time.perf_counter() - tic:.0f} s")
+
+
+# --- clean stops: SIGINT / SIGTERM to a sweep ends every process it started, and a re-run resumes -----------
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """Every live process: pid -> (parent pid, start time in clock ticks: with the pid, one process)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] not in ("Z", "X"):
+                out[int(entry.name)] = (int(fields[1]), fields[19])
+    return out
+
+
+def descendants(root: int, table: dict[int, tuple[int, str]]) -> set[tuple[int, str]]:
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add((child, table[child][1]))
+            todo.append(child)
+    return found
+
+
+STOPS = {"basic-SIGINT": ([], signal.SIGINT),
+         "joblib-SIGTERM": (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], signal.SIGTERM)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", STOPS, ids=list(STOPS))
+def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_dir, token_cache, stop):
+    from test_sweeps import write_mini
+
+    launcher, sig = STOPS[stop]
+    # Three pre-training jobs (two at a time under joblib: one waits in its queue), long enough to be stopped
+    # mid-training, with DataLoader workers and a checkpoint every 10 steps.
+    path = write_mini(tmp_path / "stop.yaml", name="stop", seeds=[0], pretrain_seeds=[0, 1, 2])
+    spec = yaml.safe_load(path.read_text())
+    spec["variants"] = {"electra": {"objective": "electra"}}
+    spec["pretrain"].update({"trainer.max_steps": 200, "trainer.checkpoint_every_n_steps": 10,
+                             "logger.log_every_n_steps": 5, "runtime.num_workers": 1})
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={path}", f"paths.root_dir={tmp_path}",
+           f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", f"report_dir={tmp_path}/reports", *launcher]
+    runner = subprocess.Popen(cmd, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    seen: set[tuple[int, str]] = set()
+    tic = time.perf_counter()
+    try:
+        while not any(tmp_path.glob("outputs/pretrain/*/*/checkpoints/last.ckpt")):
+            assert runner.poll() is None, f"the sweep ended before it could be stopped: {runner.stdout.read()[-3000:]}"
+            assert time.perf_counter() - tic < 600, "no checkpoint within 10 minutes"
+            seen |= descendants(runner.pid, processes())
+            time.sleep(0.2)
+        seen |= descendants(runner.pid, processes())
+        runner.send_signal(sig)
+        deadline = time.perf_counter() + 180
+        while runner.poll() is None and time.perf_counter() < deadline:
+            seen |= descendants(runner.pid, processes())
+            time.sleep(0.2)
+        out = runner.communicate(timeout=5)[0]
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    stop_s = time.perf_counter() - tic
+    assert runner.returncode != 0, out[-3000:]
+    assert len(seen) >= 2 + bool(launcher), seen  # the multirun, its job(s) or loky workers, DataLoader workers
+    time.sleep(1)
+    alive = seen & {(pid, start) for pid, (_, start) in processes().items()}
+    for pid, _ in alive:  # leave nothing behind, even when the check fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not alive, f"processes of the stopped sweep still alive: {alive}\n{out[-3000:]}"
+
+    uri = f"sqlite:///{tmp_path}/outputs/mlflow.db"
+    client = store.open_client(uri)
+    exp = client.get_experiment_by_name("stop")
+    stopped = client.search_runs([exp.experiment_id])
+    statuses = {r.info.run_id: (r.data.tags.get("kind"), r.info.status) for r in stopped}
+    assert "RUNNING" not in {s for _, s in statuses.values()}, statuses
+    killed = [r for r in stopped if r.data.tags.get("kind") == "pretrain" and r.info.status == "KILLED"]
+    assert killed, statuses
+    assert [r.info.status for r in stopped if r.data.tags.get("kind") == "sweep"] == ["KILLED"]
+
+    rerun = subprocess.run(cmd, cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=1200)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    after = {r.info.run_id: r for r in client.search_runs([exp.experiment_id], max_results=1000)}
+    pre = [r for r in after.values() if r.data.tags.get("kind") == "pretrain"]
+    assert len(pre) == 3 and {r.info.status for r in pre} == {"FINISHED"}
+    for r in killed:  # the interrupted runs went on in place, from their checkpoint
+        again = after[r.info.run_id]
+        assert again.info.status == "FINISHED" and again.data.tags[tracking.TAG_ATTEMPTS] == "2"
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == list(range(5, 201, 5))
+    hows = [json.loads(after[r.info.run_id].data.tags[tracking.TAG_RESTARTS])[-1]["how"] for r in killed]
+    assert any(how.startswith("resumed from") for how in hows), hows
+    print(f"sweep ({stop}): stopped after {stop_s:.0f} s with {len(seen)} processes seen, none left; "
+          f"{len(killed)} run(s) KILLED, resumed and FINISHED by the re-run")
+
+
+# --- a real MLflow tracking server: a sweep through MLFLOW_TRACKING_URI, and the server going away ----------
+
+
+class Server:
+    """`mlflow server` on 127.0.0.1 (a free port), a SQLite backend and a local artifact root in `folder`; it
+    runs in a process group of its own, which `stop` ends whole."""
+
+    def __init__(self, folder: Path):
+        import socket
+
+        self.folder = folder
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        import urllib.request
+
+        log = open(self.folder / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             "1", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
+             "--artifacts-destination", str(self.folder / "artifacts")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env())
+        tic = time.perf_counter()
+        while time.perf_counter() - tic < timeout:
+            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"mlflow server did not answer within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                tic = time.perf_counter()  # the group (uvicorn and its job runner) outlives the launcher
+                while time.perf_counter() - tic < wait:
+                    os.killpg(self.proc.pid, 0)
+                    time.sleep(0.2)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                continue
+        self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path):
+    folder = tmp_path / "server"
+    folder.mkdir()
+    served = Server(folder)
+    served.start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def served_env(uri: str, **extra: str) -> dict[str, str]:
+    return {**env(), "MLFLOW_TRACKING_URI": uri, **extra}
+
+
+def test_a_tracking_server_that_does_not_answer_stops_the_run_with_one_message(monkeypatch):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(tracking.TrackingUnavailable, match=f"server {uri} does not answer .*nothing was run"):
+        tracking.setup(uri, "exp")
+    run = tracking.RunLogger(MlflowClient(uri), "0" * 32)
+    run.log_metrics({"train/loss": 1.0}, 10)
+    run.log_metrics({"train/loss": 0.5}, 20)
+    with pytest.raises(tracking.TrackingUnavailable, match="steps 10-20 unsent; it stays RUNNING.*run the same command"):
+        run.flush()
+    assert len(run._buffer) == 2  # kept: nothing is dropped that was not written
+    calls = []
+    monkeypatch.setattr(run.client, "set_terminated", lambda *a, **k: calls.append(a))
+    with pytest.raises(tracking.TrackingUnavailable):  # at once: no second wait for the server, no end written
+        run.finish("KILLED", "stopped")
+    assert not calls
+    from electra_ablate.common.cli import refusal_message
+
+    assert refusal_message(tracking.TrackingUnavailable("gone")) == "gone"  # `error: gone`, one line, no stack
+
+
+@pytest.mark.slow
+def test_a_sweep_through_an_mlflow_server(tmp_path, data_dir, token_cache, server):
+    from test_sweeps import write_mini
+
+    path = write_mini(tmp_path / "served.yaml", name="served", seeds=[0], pretrain_seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["pretrain"]["logger.log_every_n_steps"] = 2  # a metric history of two windows per pre-training run
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "electra_ablate.sweep", f"sweep={path}", f"paths.root_dir={tmp_path}",
+           f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", f"report_dir={tmp_path}/reports"]
+    tic = time.perf_counter()
+    done = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True, timeout=1200)
+    seconds = time.perf_counter() - tic
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # everything went to the server
+
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name("served")
+    runs = {}
+    for r in client.search_runs([exp.experiment_id], max_results=1000):
+        runs.setdefault(r.data.tags.get(tracking.TAG_KIND), []).append(r)
+    pre, ft = runs["pretrain"], runs["finetune"]
+    assert len(pre) == 2 and len(ft) == 2 and {r.info.status for r in pre + ft + runs["sweep"]} == {"FINISHED"}
+    for r in pre:
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == [2, 4]
+        final = Path(r.data.tags[tracking.TAG_CHECKPOINT])  # what fine-tuning loaded
+        assert (final / "config.json").is_file() and (final / "model.pt").is_file()
+    parents = {r.info.run_id for r in pre}
+    for r in ft:  # nested under its pre-training run, its scores and predictions on the server
+        assert r.data.tags["mlflow.parentRunId"] in parents and "final/score" in r.data.metrics
+        (artifact,) = client.list_artifacts(r.info.run_id, "predictions")
+        assert list((server.folder / "artifacts").rglob(Path(artifact.path).name))
+    report = (tmp_path / "reports" / "served.md").read_text()
+    assert all(any(line.startswith(f"| {v} (") for line in report.splitlines()) for v in ("electra", "bert"))
+
+    again = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True,
+                           timeout=1200)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "pretrain: 0 job(s) launched" in again.stdout and "finetune: 0 job(s) launched" in again.stdout
+    print(f"sweep through mlflow server {server.uri}: 2 pre-training + 2 fine-tuning runs in {seconds:.0f} s; "
+          "the re-run launched nothing")
+
+
+@pytest.mark.slow
+def test_the_server_going_away_stops_the_run_with_one_message_and_the_rerun_leaves_no_gap(
+        tmp_path, data_dir, token_cache, server):
+    from conftest import TINY_PRETRAIN
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(token_cache), "hydra.run.dir": str(tmp_path / "run")}
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", "objective=electra", "trainer.max_steps=400",
+           "trainer.checkpoint_every_n_steps=20", "logger.log_every_n_steps=10",
+           *(f"{k}={v}" for k, v in settings.items())]
+    # MLflow's client retries a server that does not answer for about 4 minutes by default; a few seconds here.
+    job_env = served_env(server.uri, MLFLOW_HTTP_REQUEST_MAX_RETRIES="2", MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        tic = time.perf_counter()
+        while not any(tmp_path.glob("outputs/pretrain/*/*/checkpoints/last.ckpt")):
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.perf_counter() - tic < 600, "no checkpoint within 10 minutes"
+            time.sleep(0.1)
+        server.stop()
+        stderr = proc.communicate(timeout=600)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: the MLflow tracking server {server.uri} does not answer"), stderr[-3000:]
+    assert "run the same command again" in last
+
+    server.start()
+    client = MlflowClient(server.uri)
+    (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert run.info.status == "RUNNING"  # nothing could end it; the next attempt resumes it
+    logged = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    out = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = client.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    assert json.loads(run.data.tags[tracking.TAG_RESTARTS])[-1]["how"].startswith("resumed from")
+    for key in ("train/loss", "train/disc_loss"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert steps == list(range(10, 401, 10)), (key, steps)  # every window once: no gap, no duplicate
+    print(f"server stopped after the first checkpoint: the run stopped with one message ({len(logged)} windows "
+          "logged); after a restart of the server the re-run resumed it, 40 of 40 windows, each once")

@@ -335,6 +335,21 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     assert "pretrain: 2 job(s) launched" in done.stdout
 
 
+def test_a_sweep_whose_multirun_failed_exits_non_zero_and_records_why(tmp_path, data_dir, monkeypatch):
+    from electra_ablate.sweep import run as runner
+
+    ctx = context("table1_small", "tiny", tmp_path, data_dir)
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 1)  # a job failed or could not run
+    result = runner.run_sweep(ctx, phases=["pretrain"])
+    assert "the pretrain multirun exited with 1" in result.failure
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    (record,) = client.search_runs([client.get_experiment_by_name(ctx.experiment).experiment_id],
+                                   filter_string="tags.kind = 'sweep'")
+    assert record.info.status == "FAILED" and "pretrain multirun exited with 1" in record.data.tags["end_reason"]
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 0)
+    assert runner.run_sweep(ctx, phases=["pretrain"]).failure is None
+
+
 RUNNER = """
 import sys
 from electra_ablate.sweep.launch import launch
@@ -359,6 +374,40 @@ def test_stopping_the_runner_stops_its_multirun(tmp_path):
             break
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists()
+
+
+# A multirun whose worker (a process of its own command line, as joblib's loky workers) ignores SIGTERM: the
+# runner must not leave it behind when it is stopped.
+ORPHANING_RUNNER = """
+import sys
+from electra_ablate.sweep import launch
+launch.STOP_GRACE_S = 2.0
+worker = "import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+child = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}, sys.argv[1]]); time.sleep(120)"
+launch.launch([sys.executable, "-c", child, sys.argv[1]], dry_run=False)
+"""
+
+
+def test_stopping_the_runner_ends_every_process_of_its_multirun(tmp_path):
+    import signal
+
+    pid_file = tmp_path / "worker.pid"
+    runner = subprocess.Popen([sys.executable, "-c", ORPHANING_RUNNER, str(pid_file)],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    worker = int(pid_file.read_text())
+    runner.send_signal(signal.SIGINT)
+    runner.wait(timeout=60)
+    for _ in range(100):
+        if not Path(f"/proc/{worker}").exists():
+            break
+        time.sleep(0.1)
+    alive = Path(f"/proc/{worker}").exists()
+    if alive:
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, "the multirun's worker outlived the stopped runner"
 
 
 # --- end to end ---------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ not parse stops it the same way.
 A refused input (a bad value, a missing file, a sweep that cannot work) ends the command with one line
 `error: <message>` on stderr and exit status 1 (`one_line_errors`), not Hydra's "Error executing job" and a
 stack; HYDRA_FULL_ERROR=1 keeps the stack. Inside a multirun the error is left to the launcher, which records
-the job FAILED and reports the first failure once the other jobs have run.
+the job FAILED and reports the first failure once the other jobs have run (the multirun then exits 1); the job's
+own log gets the message.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import difflib
 import functools
 import io
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +31,7 @@ from omegaconf import OmegaConf
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PACKAGE = __name__.split(".")[0]
 F = TypeVar("F", bound=Callable)
+log = logging.getLogger(__name__)
 
 
 def _leaf_keys(container: dict) -> list[str]:
@@ -250,7 +253,14 @@ def one_line_errors(main: F) -> F:
             return main(*args, **kwargs)
         except Exception as error:
             message = refusal_message(error)
-            if message is None or _in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            if _in_multirun():
+                # The job's own log says why it did not run (Hydra reports only the first failure, at the end).
+                if message is None:
+                    log.exception("the job failed")
+                else:
+                    log.error("error: %s", message)
+                raise
+            if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
                 raise
             # SystemExit passes Hydra's job runner, which catches Exception only.
             sys.exit(f"error: {message}")

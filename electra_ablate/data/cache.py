@@ -1,8 +1,10 @@
 """The tokenized corpus as a cache entry: memory-mapped arrays under `cache_dir/pretrain/<key>/`.
 
-The key hashes everything that changes the content (corpus, vocabulary, example settings, format), so every
-run with the same inputs reuses one entry, and an entry is put in place whole (written to a temporary folder,
-then renamed). A vocabulary trained on the corpus is cached the same way under `cache_dir/vocab/<key>/`.
+The key hashes everything that changes the content (the corpus's bytes, the vocabulary, example settings,
+format), and nothing else: a copy of the data folder, or the same file given a new modification time, finds
+the entry built from the original. Every run with the same inputs reuses one entry, and an entry is put in
+place whole (written to a temporary folder, then renamed). A vocabulary trained on the corpus is cached the
+same way under `cache_dir/vocab/<key>/`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tokenizers import models
 from electra_ablate.common.io import atomic_dir
 from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
 from electra_ablate.data import wordpiece
+from electra_ablate.data.corpus_files import file_sha256
 from electra_ablate.data.errors import DataError
 from electra_ablate.data.example_writer import EXAMPLE_ARRAYS, ExampleWriter
 from electra_ablate.data.examples import ExampleBuilder
@@ -53,9 +56,24 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _corpus_identity(corpus: Path) -> dict:
+def _corpus_identity(corpus: Path, cache_dir: str | Path) -> dict:
+    """The corpus in a cache key: the SHA-256 of its bytes (remembered per path, size and modification time, so
+    a file is read for it once), never where it is or when it was written."""
+    return {"corpus_sha256": file_sha256(corpus, Path(cache_dir))}
+
+
+def _legacy_corpus_identity(corpus: Path) -> dict:
+    """The corpus in the keys of entries built before the key held its content: its path, size and
+    modification time. Such an entry is still used while the file is the one it was built from."""
     st = corpus.stat()
     return {"corpus": str(corpus.resolve()), "corpus_size": st.st_size, "corpus_mtime_ns": st.st_mtime_ns}
+
+
+def _entry(root: Path, keys: list[dict], marker: str) -> tuple[Path, bool]:
+    """(the folder of the first of `keys` whose entry exists, True), else (the first key's folder, False)."""
+    folders = [root / _hash(k) for k in keys]
+    found = next((f for f in folders if (f / marker).is_file()), None)
+    return (found, True) if found is not None else (folders[0], False)
 
 
 def _hash(d: dict) -> str:
@@ -63,7 +81,7 @@ def _hash(d: dict) -> str:
 
 
 def _key_inputs(
-    corpus: Path,
+    corpus_identity: dict,
     vocab_file: Path,
     lowercase: bool,
     max_seq_length: int,
@@ -75,7 +93,7 @@ def _key_inputs(
     """Everything that changes the token array; its hash names the cache entry."""
     return {
         "format": FORMAT_VERSION,
-        **_corpus_identity(corpus),
+        **corpus_identity,
         "vocab_sha256": _sha256_file(vocab_file),
         "lowercase": bool(lowercase),
         "max_seq_length": int(max_seq_length),
@@ -101,12 +119,12 @@ def train_vocab(
     WordPieceTrainer is not used), so the cache key names every input of the learner.
     """
     corpus = check_corpus(corpus)
-    key = _hash({"format": FORMAT_VERSION, "learner": VOCAB_LEARNER_VERSION, **_corpus_identity(corpus),
-                 "lowercase": bool(lowercase), "vocab_size": int(vocab_size), "max_docs": max_docs,
-                 "special_tokens": list(SPECIAL_TOKENS), "limit_alphabet": VOCAB_LIMIT_ALPHABET,
-                 "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD})
-    target = Path(cache_dir) / "vocab" / key
-    if (target / VOCAB_NAME).is_file():
+    settings = {"format": FORMAT_VERSION, "learner": VOCAB_LEARNER_VERSION, "lowercase": bool(lowercase),
+                "vocab_size": int(vocab_size), "max_docs": max_docs, "special_tokens": list(SPECIAL_TOKENS),
+                "limit_alphabet": VOCAB_LIMIT_ALPHABET, "max_input_chars_per_word": MAX_INPUT_CHARS_PER_WORD}
+    target, found = _entry(Path(cache_dir) / "vocab", [{**settings, **_corpus_identity(corpus, cache_dir)},
+                                                       {**settings, **_legacy_corpus_identity(corpus)}], VOCAB_NAME)
+    if found:
         return target / VOCAB_NAME
     started = time.perf_counter()
     # Words as the encoder will see them: the normalizer and pre-tokenizer of load_tokenizer.
@@ -215,10 +233,11 @@ def build_or_load(
         vocab_file = train_vocab(corpus, cache_dir, train_vocab_size, lowercase, max_docs)
     vocab_file = Path(vocab_file)
     tokens = read_vocab(vocab_file)  # validates before the key hashes the file
-    inputs = _key_inputs(corpus, vocab_file, lowercase, max_seq_length, short_seq_prob, build_seed, max_docs,
-                         train_vocab_size)
-    target = Path(cache_dir) / "pretrain" / _hash(inputs)
-    if (target / META_NAME).is_file():
+    inputs, legacy = (_key_inputs(identity, vocab_file, lowercase, max_seq_length, short_seq_prob, build_seed,
+                                  max_docs, train_vocab_size)
+                      for identity in (_corpus_identity(corpus, cache_dir), _legacy_corpus_identity(corpus)))
+    target, found = _entry(Path(cache_dir) / "pretrain", [inputs, legacy], META_NAME)
+    if found:
         return load_cache(target)
 
     started = time.perf_counter()
@@ -256,6 +275,7 @@ def build_or_load(
             "num_examples": num_examples,
             "num_docs": num_docs,
             "num_tokens": num_tokens,
+            "corpus": str(corpus.resolve()),  # where it was built from: a record, not part of the key
             "build_seconds": round(time.perf_counter() - started, 3),
         })
     return load_cache(target)

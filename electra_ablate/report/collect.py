@@ -52,9 +52,9 @@ def _tags(row: pd.Series) -> dict[str, str]:
     return {c[len("tags."):]: str(v) for c, v in row.items() if c.startswith("tags.") and isinstance(v, str)}
 
 
-def _current(rows: Sequence[pd.Series], config_hash: str) -> pd.Series | None:
-    """The newest of `rows` (newest first) run with `config_hash`."""
-    return next((r for r in rows if r.get(f"tags.{tracking.TAG_CONFIG_HASH}") == config_hash), None)
+def _current(rows: Sequence[pd.Series], config_hashes: Sequence[str]) -> pd.Series | None:
+    """The newest of `rows` (newest first) run with any of `config_hashes` (tracking.identity_hashes)."""
+    return next((r for r in rows if r.get(f"tags.{tracking.TAG_CONFIG_HASH}") in config_hashes), None)
 
 
 def collect(ctx: SweepContext, client) -> SweepData:

@@ -113,6 +113,10 @@ class SweepContext:
         return self.spec.experiment or self.spec.name
 
     @property
+    def output_root(self) -> Path:
+        return self.workdir.parents[2]  # the workdir is <output_root>/sweeps/<name>/<scale>
+
+    @property
     def conf_dir(self) -> Path:
         return self.workdir / "conf"
 

@@ -1,17 +1,21 @@
 """Launching a phase: the multirun command line (`python -m electra_ablate.<entry> -m ...`) that any Hydra
 launcher places (basic = one job after the other, joblib = in parallel on this machine, submitit = SLURM,
 Ray), the runner's own launcher overrides handed on to it, a check that the launcher's plugin is installed, and
-the child process that runs it (stopped with the runner)."""
+the child process that runs it, in a process group of its own that the runner ends whole when it is stopped
+(SIGINT or SIGTERM) or when the multirun ends."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,6 +51,91 @@ def shell_join(args: Sequence[str]) -> str:
     return " ".join(out)
 
 
+# Seconds a stopped multirun's jobs get to end their runs KILLED (Lightning stops after the current step, the
+# metrics are flushed) before every process left of it is killed.
+STOP_GRACE_S = 60.0
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (a scheduler, `kill`) raises KeyboardInterrupt in the main thread, as Ctrl-C does, so the runner
+    stops its multirun and ends its record KILLED instead of dying on the spot."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _group(pgid: int) -> dict[int, tuple[int, str]]:
+    """The live processes of process group `pgid`: pid -> (parent pid, command line)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...: after the "(name)" field
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            out[int(entry.name)] = (int(fields[1]), cmdline.decode(errors="replace"))
+    return out
+
+
+def _job_hosts(members: dict[int, tuple[int, str]]) -> list[int]:
+    """The processes that run jobs: the multirun itself and what it started with a command line of its own
+    (joblib's loky workers, submitit's jobs), not the copies a job forks (DataLoader workers), which end with it:
+    a worker killed under a running job would fail its run instead of stopping it."""
+    return [pid for pid, (ppid, cmdline) in members.items()
+            if ppid not in members or members[ppid][1] != cmdline]
+
+
+def _signal(pids, sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def stop_multirun(proc: subprocess.Popen, grace_s: float | None = None) -> None:
+    """End every process of the multirun `proc` (started in a session of its own): SIGTERM to the processes
+    running jobs, again every few seconds (a loky worker that finished its stopped job may have taken the next
+    one), until the group is empty or `grace_s` has passed; then SIGKILL to whatever is left. A second Ctrl-C
+    skips the wait."""
+    pgid = proc.pid
+    deadline = time.monotonic() + (STOP_GRACE_S if grace_s is None else grace_s)
+    next_term = 0.0
+    try:
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the multirun itself once it has ended
+            members = _group(pgid)
+            if not members:
+                break
+            if time.monotonic() >= next_term:
+                _signal(_job_hosts(members), signal.SIGTERM)
+                next_term = time.monotonic() + 5.0
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        log.warning("stopping the multirun now (SIGKILL)")
+    for _ in range(50):  # bounded: SIGKILL cannot be refused
+        members = _group(pgid)
+        if not members:
+            break
+        _signal(members, signal.SIGKILL)
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 def launch(cmd: Sequence[str], dry_run: bool, watch: PhaseConsole | None = None) -> int:
     """Run a phase's multirun and return its exit status; `watch` keeps its output in a log file and shows
     progress (sweep/progress.py), else the output goes to this console as it is."""
@@ -55,26 +144,19 @@ def launch(cmd: Sequence[str], dry_run: bool, watch: PhaseConsole | None = None)
         print(shell_join(cmd))
         return 0
     env = pythonpath_env(REPO_ROOT)
-    proc = subprocess.Popen(list(cmd), **(watch.popen_kwargs(env) if watch else {"env": env}))
+    # A session of its own: the multirun and every process it starts (joblib's loky workers, DataLoader
+    # workers) are one process group, which the runner ends whole; a Ctrl-C in the terminal reaches the runner
+    # alone, which stops the group in order (stop_multirun).
+    proc = subprocess.Popen(list(cmd), start_new_session=True, **(watch.popen_kwargs(env) if watch else {"env": env}))
     if watch:
         watch.start(proc)
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    # A runner stopped by SIGTERM (a scheduler, `kill`) stops its multirun too instead of orphaning it.
-    previous = signal.signal(signal.SIGTERM, stop) if threading.current_thread() is threading.main_thread() else None
-    try:
-        returncode = proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    with sigterm_as_interrupt():
+        try:
+            returncode = proc.wait()
+        except BaseException:
+            stop_multirun(proc)
+            raise
+        stop_multirun(proc, grace_s=10.0)  # ended: only stragglers (idle loky workers) may be left
     if watch:
         watch.finish(returncode)
     return returncode

@@ -108,21 +108,23 @@ def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> lis
             for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
 
 
-def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey, config_hash: str | None = None) -> Any:
-    """The newest finished run for `key` (with `config_hash`, when given: a run of another fine-tuning config,
-    e.g. before the optimizer's defaults changed, is not this job); for `pretrained` variants the step is
-    whatever the import reported."""
+def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey,
+            config_hash: str | Sequence[str] | None = None) -> Any:
+    """The newest finished run for `key` (with `config_hash`, or any of these hashes, when given: a run of
+    another fine-tuning config, e.g. before the optimizer's defaults changed, is not this job); for `pretrained`
+    variants the step is whatever the import reported."""
+    wanted = [config_hash] if isinstance(config_hash, str) else config_hash
     if key.source.startswith("variant:"):
         runs = [r for k, rs in done.items() if (k.source, k.task, k.seed) == (key.source, key.task, key.seed) for r in rs]
     else:
         runs = done.get(key, [])
-    return next((r for r in runs if config_hash is None or r.data.tags.get(tracking.TAG_CONFIG_HASH) == config_hash),
-                None)
+    return next((r for r in runs if wanted is None or r.data.tags.get(tracking.TAG_CONFIG_HASH) in wanted), None)
 
 
-def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dict[tuple[str, str, int], str]:
-    """The config hash (training.finetuning.run_identity) each fine-tuning job of the grid records, by
-    (checkpoint config name, task, seed)."""
+def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dict[tuple[str, str, int], list[str]]:
+    """The config hashes (tracking.identity_hashes of training.finetuning.run_identity: the current one first,
+    then the legacy spellings) a fine-tuning job of the grid may be tagged with, by (checkpoint config name,
+    task, seed)."""
     out = {}
     with compose_session():
         for c in checkpoints:
@@ -133,7 +135,7 @@ def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dic
                                                 f"seed={seed}"])
                     (_, task_cfg), = finetuning.selected_tasks(cfg)
                     ident = finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained))
-                    out[(c.config_name, task, seed)] = tracking.config_hash(ident)
+                    out[(c.config_name, task, seed)] = tracking.identity_hashes(ident)
     return out
 
 

@@ -16,13 +16,15 @@ submitit = SLURM, Ray):
 
 Work already done is found in MLflow (sweep.plan) and not launched again; the entry points also skip finished
 work themselves. A failed job ends its MLflow run FAILED and the multirun goes on with the others (Hydra's
-launchers run every job of a batch, then report the first failure); the report lists failed and missing jobs.
+launchers run every job of a batch, then report the first failure); the report lists failed and missing jobs,
+and the sweep exits non-zero when a phase's multirun did (a job failed or could not run).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,12 +38,14 @@ from omegaconf import DictConfig
 
 from electra_ablate.common import cli, console
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
-from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
+from electra_ablate.sweep.launch import (check_launcher, launch, launcher_overrides, multirun_command, shell_join,
+                                         sigterm_as_interrupt)
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
 from electra_ablate.sweep.progress import PhaseConsole
 from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
 from electra_ablate.tracking import runs as tracking
+from electra_ablate.tracking.store import IdentityLock, RunBusyError
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +72,24 @@ class SweepResult:
     phases: list[PhaseResult]
     report: Path | None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the sweep did not do all its work (a phase's multirun exited non-zero: a job failed or could not
+        run, e.g. its identity was busy), else None. The sweep command then exits non-zero."""
+        failed = [r for r in self.phases if r.returncode]
+        if not failed:
+            return None
+        return ("; ".join(f"the {r.name} multirun exited with {r.returncode}" for r in failed)
+                + ": a job failed or could not run (the multirun's output and the report say which); run the "
+                "same command again once it is fixed: finished work is skipped")
+
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
     states = pretrain_states(ctx, client)
     todo = [s.job for s in states if s.needs_pretraining]
     result = PhaseResult("pretrain", jobs=len(todo))
     if not todo:
-        console.say(log, "pretrain: all %d job(s) already finished", len(states))
+        print(f"pretrain: 0 job(s) launched (all {len(states)} already finished)", flush=True)
         return result
     # The multirun is a product; the smallest product covering the missing jobs (finished ones are skipped
     # by the entry point itself).
@@ -102,7 +117,7 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
             todo = [j for j in todo if j[1] in available]
     result = PhaseResult("finetune", jobs=len(todo))
     if not todo:
-        console.say(log, "finetune: nothing left to run")
+        print("finetune: 0 job(s) launched (nothing left to run)", flush=True)
         return result
     ckpts = sorted({c for c, _, _ in todo}, key=lambda c: c.config_name)
     for c in ckpts:
@@ -166,28 +181,61 @@ def run_sweep(
     results: list[PhaseResult] = []
     report_path = None
     tic = time.perf_counter()
-    try:
-        if "pretrain" in phases:
-            results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
-        if "finetune" in phases:
-            results.append(run_finetune_phase(ctx, client, launcher, dry_run))
-        if record is not None:
-            record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
-                                                            "seconds": round(r.seconds, 1),
-                                                            "command": shell_join(r.command)}) for r in results})
-            record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
-        if "report" in phases and not dry_run:
-            report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
-                                       running_sweep_run=record.run_id if record else None,
-                                       running_wall_time=time.perf_counter() - tic)
-    except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
-        if record is not None:
-            record.finish(*tracking.end_status(error))
-        raise
+    with sigterm_as_interrupt():  # SIGTERM stops the sweep as Ctrl-C does: its record ends KILLED
+        try:
+            if "pretrain" in phases:
+                results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
+            if "finetune" in phases:
+                results.append(run_finetune_phase(ctx, client, launcher, dry_run))
+            if record is not None:
+                record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
+                                                                "seconds": round(r.seconds, 1),
+                                                                "command": shell_join(r.command)}) for r in results})
+                record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=0)
+            if "report" in phases and not dry_run:
+                report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
+                                           running_sweep_run=record.run_id if record else None,
+                                           running_wall_time=time.perf_counter() - tic)
+        except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
+            if record is not None:
+                for run_id in retire_interrupted(client, ctx):
+                    log.info("run %s was stopped before it could end itself: marked KILLED (resumed by the next run "
+                             "of the sweep)", run_id)
+                record.finish(*tracking.end_status(error))
+            raise
+    result = SweepResult(results, report_path)
     if record is not None:
         record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
-        record.finish("FINISHED")
-    return SweepResult(results, report_path)
+        record.finish("FAILED", result.failure) if result.failure else record.finish("FINISHED")
+    return result
+
+
+def retire_interrupted(client, ctx: SweepContext) -> list[str]:
+    """Mark KILLED this sweep's pre-training and fine-tuning runs left RUNNING by a job that a stop ended before
+    it could end its run itself (it was killed after the grace period): a run counts when its identity lock
+    (training/pretraining.py, finetuning.py) is free, so runs of processes still alive (another invocation
+    sharing the experiment) stay as they are. Such runs are resumed by the next run of the sweep."""
+    exp = client.get_experiment_by_name(ctx.experiment)
+    if exp is None:
+        return []
+    found = client.search_runs([exp.experiment_id], max_results=10000, filter_string=(
+        f"tags.{tracking.TAG_SWEEP} = '{ctx.spec.name}' and attributes.status = 'RUNNING'"))
+    gone = []
+    for r in found:
+        kind, cfg_hash = r.data.tags.get(tracking.TAG_KIND), r.data.tags.get(tracking.TAG_CONFIG_HASH)
+        lock = ctx.output_root / str(kind) / ctx.experiment / str(cfg_hash) / "run.lock"
+        if kind not in ("pretrain", "finetune") or not cfg_hash or not lock.is_file():
+            continue  # not a job of this sweep, or no lock to tell whether its process lives
+        try:
+            with IdentityLock(lock, f"{kind} run {r.info.run_id}"):
+                gone.append(r)
+        except RunBusyError:
+            continue
+    for r in gone:
+        client.set_tag(r.info.run_id, tracking.TAG_END_REASON,
+                       "stopped with its sweep (SIGINT/SIGTERM), killed before it could end the run")
+        client.set_terminated(r.info.run_id, status="KILLED")
+    return [r.info.run_id for r in gone]
 
 
 def retire_dead_sweeps(client, ctx: SweepContext) -> list[str]:
@@ -212,6 +260,11 @@ def main(cfg: DictConfig) -> str | None:
     command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
     result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run),
                        command, instantiate(cfg.report_writer))
+    if cfg.dry_run:
+        for r in result.phases:
+            print(f"{r.name}: {r.jobs} job(s) launched (dry run: printed above, not run)")
+    if result.failure:
+        sys.exit(f"error: {result.failure}")  # SystemExit passes Hydra's job runner: the command's exit status
     return str(result.report) if result.report else None
 
 

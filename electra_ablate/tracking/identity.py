@@ -144,15 +144,38 @@ def identity(cfg: DictConfig, legacy_data_paths: bool = False) -> dict:
     return out
 
 
-def config_hash(cfg: DictConfig | Mapping) -> str:
-    data = identity(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+# A number is hashed by its value, not by how it was written: `objective.disc_weight=50` and `=50.0`, or
+# `generator.hidden_size=1` and `=1.0`, are one run. An integral float is hashed as the int (a bool stays a
+# bool). Identities hashed before this kept the spelling, and most shipped configs hold integral floats
+# (`gen_weight: 1.0`), so their hashes changed: `identity_hashes` adds the hash of the numbers as written,
+# so runs recorded before are still found when the config is written as it was then (a shipped sweep is).
+def _canonical_numbers(node):
+    if isinstance(node, dict):
+        return {k: _canonical_numbers(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_canonical_numbers(v) for v in node]
+    if isinstance(node, float) and node.is_integer():
+        return int(node)
+    return node
+
+
+def _digest(data: Mapping) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def identity_hashes(cfg: DictConfig) -> list[str]:
-    """The config hash of `cfg`, then the hash runs recorded before data paths left the identity (when it
-    differs): a lookup that tries both finds the runs of either."""
-    legacy = hashlib.sha256(json.dumps(identity(cfg, legacy_data_paths=True), sort_keys=True,
-                                       default=str).encode()).hexdigest()[:16]
-    current = config_hash(cfg)
-    return [current] if legacy == current else [current, legacy]
+def config_hash(cfg: DictConfig | Mapping) -> str:
+    """The run identity's hash: `identity(cfg)` for a config, `cfg` itself for an identity dict (fine-tuning's)."""
+    data = identity(cfg) if isinstance(cfg, DictConfig) else dict(cfg)
+    return _digest(_canonical_numbers(data))
+
+
+def identity_hashes(cfg: DictConfig | Mapping) -> list[str]:
+    """The config hash of `cfg`, then the hashes its runs were tagged with before: the config's numbers as
+    written (before `_canonical_numbers`), and for a config also its data paths absolute (before
+    DATA_DIR_SPELLING). A lookup that tries them all finds the runs of every spelling."""
+    hashes = [config_hash(cfg)]
+    if isinstance(cfg, DictConfig):
+        hashes += [_digest(identity(cfg)), _digest(identity(cfg, legacy_data_paths=True))]
+    else:
+        hashes.append(_digest(dict(cfg)))
+    return list(dict.fromkeys(hashes))

@@ -85,13 +85,33 @@ def artifact_root(uri: str) -> str | None:
     return None  # a tracking server decides
 
 
+class TrackingUnavailable(RuntimeError):
+    """The MLflow tracking server stopped answering for longer than MLflow's own retries wait."""
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether `error` is MLflow's HTTP client giving up on a server that does not answer (after its retries:
+    MLFLOW_HTTP_REQUEST_MAX_RETRIES, 7 by default with backoff factor 2, about 4 minutes)."""
+    text = str(getattr(error, "message", error))
+    return isinstance(error, mlflow.exceptions.MlflowException) and text.startswith("API request to") and \
+        " failed with " in text
+
+
 def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     # Never mlflow.set_tracking_uri(): it exports MLFLOW_TRACKING_URI, which would leak into later runs of
     # the same process (a multirun) that name another store.
     # A new SQLite store is created and migrated under a file lock, and a half-migrated one is refused (store.py).
     uri = resolve_tracking_uri(tracking_uri)
     client = store.open_client(uri)
-    if client.get_experiment_by_name(experiment) is None:
+    try:
+        exists = client.get_experiment_by_name(experiment) is not None
+    except mlflow.exceptions.MlflowException as error:
+        if not _unreachable(error):
+            raise
+        raise TrackingUnavailable(
+            f"the MLflow tracking server {uri} does not answer ({error}); nothing was run. Start it (or point "
+            "MLFLOW_TRACKING_URI / logger.tracking_uri at one that answers) and run this again") from error
+    if not exists:
         root = artifact_root(uri)
         lock = store.store_lock(uri)
         with lock if lock is not None else contextlib.nullcontext():
@@ -171,6 +191,7 @@ class RunLogger:
         self.flush_every = flush_every
         self._buffer: list[Metric] = []
         self.logged_through = dict(logged_through or {})  # metric -> newest step already in the store
+        self._unavailable: TrackingUnavailable | None = None  # set once the tracking server stopped answering
 
     @classmethod
     def start(
@@ -228,16 +249,40 @@ class RunLogger:
     def flush(self) -> None:
         while self._buffer:
             chunk = self._buffer[:1000]
-            self.client.log_batch(self.run_id, metrics=chunk)
+            try:
+                self.client.log_batch(self.run_id, metrics=chunk)
+            except mlflow.exceptions.MlflowException as error:
+                if not _unreachable(error):
+                    raise
+                # A server away for longer than MLflow's retries: the run stops here rather than train on with
+                # metrics it cannot record. The store holds every step up to the last checkpoint (flushed at
+                # each one, and none is written after a failed flush), so a re-run resumes from it and logs
+                # each later step once.
+                steps = [m.step for m in self._buffer]
+                self._unavailable = TrackingUnavailable(
+                    f"the MLflow tracking server {self.client.tracking_uri} does not answer ({error}). Run "
+                    f"{self.run_id} stops here with its metrics of steps {min(steps)}-{max(steps)} unsent; it stays "
+                    "RUNNING in the store, its checkpoint is on disk. Once the server answers, run the same "
+                    "command again: it resumes from the checkpoint and logs every later step once, with no gap")
+                raise self._unavailable from error
             self._buffer = self._buffer[1000:]  # dropped only once written: a failed write is retried later
 
     def finish(self, status: str = "FINISHED", reason: str | None = None) -> None:
+        if self._unavailable is not None:  # the server went away: nothing can end the run, the next attempt does
+            raise self._unavailable
         try:
             self.flush()
-        finally:
-            if reason:
-                self.set_tags({TAG_END_REASON: reason[:5000]})
-            self.client.set_terminated(self.run_id, status=status)
+        except TrackingUnavailable:
+            raise
+        except BaseException:
+            self._end(status, reason)
+            raise
+        self._end(status, reason)
+
+    def _end(self, status: str, reason: str | None) -> None:
+        if reason:
+            self.set_tags({TAG_END_REASON: reason[:5000]})
+        self.client.set_terminated(self.run_id, status=status)
 
 
 def end_status(error: BaseException) -> tuple[str, str]:

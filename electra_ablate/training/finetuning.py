@@ -31,7 +31,7 @@ from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.models import fast
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.tracking.store import IdentityLock
+from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import FinetuneError, Pretrained, normalise_spec, resolve_pretrained
 
@@ -171,7 +171,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
                 test: dict[str, list[glue.Example]] | None = None) -> float:
     """Tokenize, open the MLflow run, fine-tune, log (and predict `test`, the unlabelled test splits); the run
     ends FAILED (KILLED for a signal) on any exception."""
-    runs = tracking.runs_of_identity(client, cfg.logger.experiment, cfg_hash)
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(ident))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:  # finished by another process while this one waited to start
         tracking.retire_stale(client, runs, keep=done.info.run_id)
@@ -338,7 +338,7 @@ def run(cfg: DictConfig) -> float:
     for task, task_cfg in tasks:
         ident = run_identity(cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
-        done = tracking.find_finished_run(client, cfg.logger.experiment, cfg_hash)
+        done = tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
         if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
             print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
                   "running it again with glue_data.predict_test=true")
@@ -355,16 +355,24 @@ def run(cfg: DictConfig) -> float:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
         check_compatible(cfg, pretrained, tokenizer)
+        busy: list[RunBusyError] = []
         for task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
                 scores[task.name] = train_task(
                     cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
                 )
+            except RunBusyError as error:  # not run at all: keep_going goes on, but the job does not succeed
+                if not cfg.sweep.keep_going:
+                    raise
+                log.error("%s", error)
+                busy.append(error)
             except Exception:
                 if not cfg.sweep.keep_going:
                     raise
                 log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
                               task.name, cfg.seed)
+        if busy:
+            raise RunBusyError("; ".join(map(str, busy)))
     if "members" not in cfg.task:
         return scores.get(cfg.task.name, float("nan"))
     if not any(t != "wnli" for t in scores):
