@@ -339,14 +339,14 @@ def test_a_sweep_whose_multirun_failed_exits_non_zero_and_records_why(tmp_path, 
     from electra_ablate.sweep import run as runner
 
     ctx = context("table1_small", "tiny", tmp_path, data_dir)
-    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 1)  # a job failed or could not run
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run, watch=None: 1)  # a job failed or could not run
     result = runner.run_sweep(ctx, phases=["pretrain"])
     assert "the pretrain multirun exited with 1" in result.failure
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
     (record,) = client.search_runs([client.get_experiment_by_name(ctx.experiment).experiment_id],
                                    filter_string="tags.kind = 'sweep'")
     assert record.info.status == "FAILED" and "pretrain multirun exited with 1" in record.data.tags["end_reason"]
-    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run: 0)
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run, watch=None: 0)
     assert runner.run_sweep(ctx, phases=["pretrain"]).failure is None
 
 
