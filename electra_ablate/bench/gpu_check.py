@@ -38,7 +38,7 @@ from electra_ablate.common.io import write_text
 from electra_ablate.common.precision import cpu_name
 
 DEFAULT_OUT = REPO / "reports" / "benchmarks_gpu.md"
-# The issue's targets for the GPU path (bf16, 128 x 128): ELECTRA-Small tokens/s, ELECTRA-Base share of the bf16
+# The GPU path's speed targets (bf16, 128 x 128): ELECTRA-Small tokens/s, ELECTRA-Base share of the bf16
 # matmul peak, and the loop's share of the isolated step.
 TARGET_SMALL_TOKENS_S = 1.0e6
 TARGET_BASE_SHARE = 0.40
@@ -132,7 +132,7 @@ def write_smoke_sweep(work: Path) -> Path:
 
 
 def run_part(part: Part, env: dict[str, str], work: Path) -> None:
-    log(f"gpu check: {part.name} (at most {part.limit_s} s): {shlex.join(part.argv)}")
+    log(f"gpu check: {part.name} (at most {part.limit_s} s): {shown(part.argv)}")
     log_path = work / f"{part.name}.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as f:
@@ -233,6 +233,12 @@ def render(p: Plan, parts: list[Part], machine: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def shown(argv: list[str]) -> str:
+    """A part's command as a reader would type it: python for the interpreter, lists of overrides in double quotes."""
+    words = ["python", *argv[1:]] if argv and argv[0] == sys.executable else list(argv)
+    return " ".join(f'"{w}"' if "'" in w or "[" in w else w for w in words)
+
+
 def _read(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
@@ -245,7 +251,7 @@ def _demote(markdown: str) -> list[str]:
 
 
 def _targets(p: Plan, speed: dict, capture: dict, by: dict[str, Part]) -> list[str]:
-    """The issue's 'done when' figures, each from the parts' rows, with its target beside it."""
+    """The GPU path's targets, each judged from the parts' rows, with the measured figure beside it."""
     small, base = ("tiny", "tiny") if p.smoke else ("small", "base")
     ours = {r["model"]: r for r in speed.get("pretrain", []) if r["key"] == "ours"}  # the last precision timed
     refs = {r["model"]: r for r in speed.get("pretrain", []) if r["key"] == "transformers"}
@@ -291,7 +297,7 @@ def _pilot(p: Plan, part: Part | None) -> list[str]:
         return []
     s = part.outputs.get("pilot") or {}
     L = ["## Part 3: a 2-minute ELECTRA-Small pilot", "",
-         f"`{shlex.join(part.argv[1:])}`", ""]
+         f"`{shown(part.argv)}`", ""]
     if not s:
         return [*L, f"No windows were written ({part.status}).", ""]
     L += ["| steps | seconds | tokens/s (median window after the first) | train/mfu | loss, first window -> last | "
@@ -306,7 +312,7 @@ def _sweep(p: Plan, part: Part | None) -> list[str]:
         return []
     s = part.outputs.get("sweep") or {}
     L = ["## Part 4: the quick sweep (one fine-tuning seed) at smoke size through `hydra/launcher=joblib_gpu`", "",
-         f"`{shlex.join(part.argv[1:])}`", "", f"- Outcome: {part.status} in {part.seconds:.0f} s"]
+         f"`{shown(part.argv)}`", "", f"- Outcome: {part.status} in {part.seconds:.0f} s"]
     if s.get("runs"):
         L.append("- Runs in its MLflow store: " + ", ".join(f"{n} {kind} {status}" for (kind, status), n in
                                                               sorted(s["runs"].items())))
