@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check (docs/gpu.md), run on a lent GPU machine from the repository root: installs the wheels that
 # scripts/gpu_prepare.sh put in .gpu/wheels, reads the data from .gpu/data, runs
-# `python -m electra_ablate.bench.gpu_check` (about 8 minutes) and, where $OUT is set (the lent machine's folder
-# that comes back), copies the report and the parts' logs there. Arguments go to gpu_check (e.g. --smoke).
+# `python -m electra_ablate.bench.gpu_check` (about 8 minutes), writing the report to $OUT (the lent machine's folder
+# that comes back) where it is set, else to reports/benchmarks_gpu.md. Arguments go to gpu_check (e.g. --smoke).
 #   bash scripts/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,10 +20,12 @@ from mlflow.tracking import MlflowClient
 MlflowClient('sqlite:///' + tempfile.mkdtemp() + '/probe.db').search_experiments(); print('packages: ok')" \
   || echo "packages: the import above failed; add the missing wheel to scripts/gpu_prepare.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>/dev/null || true
-python3 -m electra_ablate.bench.gpu_check "${DATA_ARGS[@]}" "$@"
+# With $OUT, the report is rewritten there after every part: it comes back even if the call is cut short.
+OUT_ARGS=()
+[ -n "${OUT:-}" ] && OUT_ARGS=(--out "$OUT/benchmarks_gpu.md")
+python3 -m electra_ablate.bench.gpu_check "${DATA_ARGS[@]}" "${OUT_ARGS[@]}" "$@"
 rc=$?
 if [ -n "${OUT:-}" ]; then
-  cp reports/benchmarks_gpu.md "$OUT"/ 2>/dev/null
-  (cd outputs/gpu_check && tar czf "$OUT/gpu_check_parts.tgz" ./*.log ./*.md ./*.csv 2>/dev/null)
+  (cd outputs/gpu_check && tar czf "$OUT/gpu_check_parts.tgz" ./*.log ./*.md ./*.json ./*.csv 2>/dev/null)
 fi
 exit $rc

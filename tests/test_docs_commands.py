@@ -232,10 +232,10 @@ def check_pilot_csv(result: Result, runner: Runner) -> None:
 def check_gpu_smoke(result: Result, runner: Runner) -> None:
     """docs/gpu.md's dry run: every part of the GPU check ran, and the report reads their results."""
     text = (result.tmp / "benchmarks_gpu_smoke.md").read_text()
-    for part in ("speed", "capture", "pilot", "sweep"):
+    for part in ("speed", "capture", "loop", "pilot", "sweep"):
         assert re.search(rf"^\| {part} \| [^|]+ \| ok \|", text, re.M), (part, text[:3000])
     assert "| the quick sweep at smoke size, end to end through joblib_gpu | ok | yes |" in text
-    assert "## Part 2: the captured step and the loop" in text and "### The captured step" in text
+    assert "### The captured step" in text and "### The training loop against the step alone" in text
 
 
 def check_my_objective(result: Result, runner: Runner) -> None:

@@ -31,14 +31,16 @@ def _write_parts(tmp_path):
         "capture": [{"model": "small", "variant": "eager", "step_s": 0.08, "tokens_per_s": 204_800,
                      "compile_s": 0.0, "loss_gap": 0.0, "steps_compared": 13},
                     {"model": "small", "variant": "step, reduce-overhead", "step_s": 0.016, "tokens_per_s": 1_024_000,
-                     "compile_s": 70.0, "loss_gap": 0.004, "steps_compared": 13}],
+                     "compile_s": 70.0, "loss_gap": 0.004, "steps_compared": 13}]}
+    loop = {
         "loop": [{"model": "small", "variant": "eager", "ratio": 0.95, "loop_tokens_per_s": 194_560,
                   "step_tokens_per_s": 204_800},
                  {"model": "small", "variant": "step compiled", "ratio": 0.6, "loop_tokens_per_s": 614_400,
                   "step_tokens_per_s": 1_024_000}]}
     (tmp_path / "speed.json").write_text(json.dumps(speed))
     (tmp_path / "capture.json").write_text(json.dumps(capture))
-    (tmp_path / "capture.md").write_text("# Benchmarks\n\n- header\n\n## The captured step (`x`)\n\n| a |\n")
+    (tmp_path / "loop.json").write_text(json.dumps(loop))
+    (tmp_path / "capture.md").write_text("# Benchmarks\n\n- header\n\n## The captured step (`x`)\n\n| a |\n\n## Notes\n")
     return speed
 
 
@@ -56,7 +58,8 @@ def test_the_report_judges_each_target_from_the_parts_rows(tmp_path):
     assert "| the captured step faster than eager (what would make `runtime.compile=step` the CUDA default) | 5.00x, " \
            "loss gap 0.40% over 13 steps, compile 70 s | yes |" in text
     assert "| the quick sweep at smoke size, end to end through joblib_gpu | ok | yes |" in text
-    assert "### The captured step (`x`)" in text and "- header" not in text  # the part's report, one level down
+    # The part's section, one level down, without the bench report's header and notes.
+    assert "### The captured step (`x`)" in text and "- header" not in text and "Notes" not in text
 
 
 def test_the_pilot_fills_its_minutes_at_the_measured_step(tmp_path):

@@ -5,13 +5,14 @@ Its parts, each a fresh process with its own time limit, so one that fails or ru
 report standing (the report is rewritten after every part):
 
 1. `speed`: this harness against transformers at ELECTRA-Small and -Base (bf16, 128 x 128 on a GPU), with the
-   matmul peak, the host-device syncs of a step and peak memory (`python -m electra_ablate.bench`).
-2. `capture`: the eager step against the captured one (`runtime.compile=step`), and the Lightning loop against
-   the step alone, eager and captured, at ELECTRA-Small (the bench's `capture` and `loop` sections).
-3. `pilot`: a 2-minute ELECTRA-Small pilot on the Wikipedia sample (`python -m electra_ablate.bench.pilot`), its
+   matmul peak and the host-device syncs of a step (`python -m electra_ablate.bench`).
+2. `capture`: the eager step against the captured one (`runtime.compile=step`) at ELECTRA-Small, with compile time,
+   peak memory and the gap between the two loss curves (the bench's `capture` section).
+3. `loop`: the Lightning loop against the step alone, eager and captured (the bench's `loop` section).
+4. `pilot`: a 2-minute ELECTRA-Small pilot on the Wikipedia sample (`python -m electra_ablate.bench.pilot`), its
    steps sized from part 1's step time.
-4. `sweep`: the quick sweep at smoke size end to end (pre-training, fine-tuning, report) through the `joblib_gpu`
-   launcher and MLflow, the product's main surface.
+5. `sweep`: the quick sweep with one fine-tuning seed, at smoke size, end to end (pre-training, fine-tuning,
+   report) through the `joblib_gpu` launcher and MLflow, the product's main surface.
 
 `--device cpu --smoke` runs every part at the tiny size on a CPU: how the tests check it (tests/test_gpu_check.py).
 """
@@ -197,8 +198,9 @@ def sweep_summary(work: Path) -> dict:
 
 def render(p: Plan, parts: list[Part], machine: dict) -> str:
     by = {x.name: x for x in parts}
-    speed_md, capture_md = _read(p.work / "speed.md"), _read(p.work / "capture.md")
-    speed, capture = rows_of(p.work / "speed.json"), rows_of(p.work / "capture.json")
+    speed_md, capture_md, loop_md = (_read(p.work / f"{x}.md") for x in ("speed", "capture", "loop"))
+    speed, loop = rows_of(p.work / "speed.json"), rows_of(p.work / "loop.json")
+    capture = {"capture": rows_of(p.work / "capture.json").get("capture", []), "loop": loop.get("loop", [])}
     L = [
         "# The GPU check: the training step, the loop, a pilot and a sweep on one GPU",
         "",
@@ -222,7 +224,9 @@ def render(p: Plan, parts: list[Part], machine: dict) -> str:
     if speed_md:
         L += ["## Part 1: this harness against transformers", "", *_demote(speed_md), ""]
     if capture_md:
-        L += ["## Part 2: the captured step and the loop", "", *_demote(capture_md), ""]
+        L += ["## Part 2: the captured step", "", *_demote(capture_md, "## The captured step"), ""]
+    if loop_md:
+        L += ["## Part 3: the loop against the step", "", *_demote(loop_md, "## The training loop"), ""]
     L += _pilot(p, by.get("pilot"))
     L += _sweep(p, by.get("sweep"))
     failed = [x for x in parts if x.status not in ("ok", "not run")]
@@ -243,11 +247,15 @@ def _read(path: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def _demote(markdown: str) -> list[str]:
-    """A bench report inside this one: its title and header list dropped, its sections one level down."""
+def _demote(markdown: str, section: str | None = None) -> list[str]:
+    """A bench report inside this one: its title and header list dropped (and, given `section`, everything but that
+    section), its sections one level down."""
     lines = markdown.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
-    return ["#" + line if line.startswith("#") else line for line in lines[start:]]
+    start = next((i for i, line in enumerate(lines) if line.startswith(section or "## ")), len(lines))
+    end = len(lines)
+    if section is not None:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return ["#" + line if line.startswith("#") else line for line in lines[start:end]]
 
 
 def _targets(p: Plan, speed: dict, capture: dict, by: dict[str, Part]) -> list[str]:
@@ -296,7 +304,7 @@ def _pilot(p: Plan, part: Part | None) -> list[str]:
     if part is None:
         return []
     s = part.outputs.get("pilot") or {}
-    L = ["## Part 3: a 2-minute ELECTRA-Small pilot", "",
+    L = ["## Part 4: a 2-minute ELECTRA-Small pilot", "",
          f"`{shown(part.argv)}`", ""]
     if not s:
         return [*L, f"No windows were written ({part.status}).", ""]
@@ -311,7 +319,7 @@ def _sweep(p: Plan, part: Part | None) -> list[str]:
     if part is None:
         return []
     s = part.outputs.get("sweep") or {}
-    L = ["## Part 4: the quick sweep (one fine-tuning seed) at smoke size through `hydra/launcher=joblib_gpu`", "",
+    L = ["## Part 5: the quick sweep (one fine-tuning seed) at smoke size through `hydra/launcher=joblib_gpu`", "",
          f"`{shown(part.argv)}`", "", f"- Outcome: {part.status} in {part.seconds:.0f} s"]
     if s.get("runs"):
         L.append("- Runs in its MLflow store: " + ", ".join(f"{n} {kind} {status}" for (kind, status), n in
@@ -337,16 +345,18 @@ def machine(p: Plan) -> dict:
 
 
 def plan_parts(p: Plan, pilot_steps: int) -> list[Part]:
-    # Limits: 9 minutes in all if every part ran to its limit; the parts usually end sooner. Compiling on a CPU is
-    # slow, so the smoke run's limits are looser.
+    # Limits: 9 minutes 10 s in all if every part ran to its limit; the parts usually end sooner. Compiling on a CPU
+    # is slow, so the smoke run's limits are looser.
     scale = 1 if not p.smoke else 3
     return [
         Part("speed", "ours vs transformers, matmul peak, host-device syncs",
-             bench_args(p, "pretrain,sync", p.work / "speed.md", p.models, 10), 120 * scale),
-        Part("capture", "eager vs captured step (with peak memory); the loop vs the step",
-             bench_args(p, "capture,loop", p.work / "capture.md", p.capture_model, 20), 200 * scale),
+             bench_args(p, "pretrain,sync", p.work / "speed.md", p.models, 10), 100 * scale),
+        Part("capture", "eager vs captured step, with compile time, peak memory and the loss gap",
+             bench_args(p, "capture", p.work / "capture.md", p.capture_model, 20), 120 * scale),
+        Part("loop", "the Lightning loop vs the step alone, eager and captured",
+             bench_args(p, "loop", p.work / "loop.md", p.capture_model, 20), 120 * scale),
         Part("pilot", "a 2-minute ELECTRA-Small pilot", pilot_args(p, pilot_steps), 120 * scale),
-        Part("sweep", "the quick sweep, one seed, smoke size, joblib_gpu + MLflow", sweep_args(p), 100 * scale),
+        Part("sweep", "the quick sweep, one seed, smoke size, joblib_gpu + MLflow", sweep_args(p), 90 * scale),
     ]
 
 
@@ -370,7 +380,7 @@ def main(argv: list[str] | None = None) -> Path:
                                                                                      "logs, the sweep's store")
     ap.add_argument("--data-dir", type=Path, default=None, help="the data folder (default: $ELECTRA_ABLATE_DATA or "
                                                                 "../shared/data)")
-    ap.add_argument("--parts", default="speed,capture,pilot,sweep", help="comma-separated subset of the parts")
+    ap.add_argument("--parts", default="speed,capture,loop,pilot,sweep", help="comma-separated subset of the parts")
     a = ap.parse_args(argv)
     device = resolve_device(a.device)
     if device.type == "cpu" and not a.smoke:
