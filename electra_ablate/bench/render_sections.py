@@ -319,10 +319,11 @@ def capture(rep: Report) -> list[str]:
         "The whole loss (masking, generator, sampling, discriminator, losses, metric sums) compiled as one graph with "
         "fullgraph=True, forward and backward, on batches padded to the sequence length (`runtime.static_shapes`), "
         "against the eager step; both from the same initial weights on the same batches, interleaved. Compile time = "
-        "the first steps minus as many steady ones. Loss gap: the largest relative difference of the two per-step "
+        "the first steps minus as many steady ones. Own peak memory (GPU only): the variant's peak allocation above what "
+        "was allocated before it was built (weights, gradients, optimizer state, activations, CUDA-graph pool). Loss gap: the largest relative difference of the two per-step "
         "losses (inductor draws its own random numbers, so the masks and samples differ and the gap is not zero).",
         "",
-        "| config | batch | variant | step (s) | tokens/s | vs eager | compile (s) | peak memory (MiB) | loss gap |",
+        "| config | batch | variant | step (s) | tokens/s | vs eager | compile (s) | own peak memory (MiB) | loss gap |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     eager = {r["model"]: r["step_s"] for r in rep.capture if r["variant"] == "eager"}

@@ -29,14 +29,18 @@ from electra_ablate.bench.settings import CONF_DIR, Report, Settings, log
 from electra_ablate.models import fast
 
 
-def _peak_mib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+def _reset_peak(device: torch.device) -> int:
+    """Start a peak-memory window on a GPU; returns the bytes already allocated (the other variant's runner)."""
+    if device.type != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+def _peak_mib(device: torch.device, before: int) -> float | None:
+    """This variant's own peak: weights, gradients, optimizer state, activations and any CUDA-graph pool."""
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20 if device.type == "cuda" else None
 
 
 def section_capture(s: Settings, rep: Report, model: str) -> None:
@@ -46,10 +50,10 @@ def section_capture(s: Settings, rep: Report, model: str) -> None:
     data = load_data(cfg, s.device, 2)
     captured = FastPath.from_runtime(cfg, s.device)
     b = data.batches
-    runners, first, losses = {}, {}, {}
+    runners, first, losses, peaks = {}, {}, {}, {}
     for label, fp in (("eager", replace(captured, capture=None)), (f"step, {captured.capture}", captured)):
         torch._dynamo.reset()
-        _reset_peak(s.device)
+        before = _reset_peak(s.device)
         torch.manual_seed(0)  # the same initial weights for both
         runner = runners[label] = OursRunner(cfg, data, s.device, fp)
         first[label], losses[label] = [], []
@@ -58,6 +62,7 @@ def section_capture(s: Settings, rep: Report, model: str) -> None:
             t0 = time.perf_counter()
             losses[label].append(float(runner.step([b[i % len(b)]])))  # read now: a graph replay reuses it
             first[label].append(time.perf_counter() - t0)
+        peaks[label] = _peak_mib(s.device, before)
     steps = {k: (lambda r, out: lambda i: out.append(float(r.step([b[i]]))))(r, losses[k]) for k, r in runners.items()}
     timed, _ = interleaved(steps, len(b), 0, s.reps, s.device)
     eager = losses["eager"]
@@ -69,7 +74,7 @@ def section_capture(s: Settings, rep: Report, model: str) -> None:
             "precision": str(OmegaConf.select(cfg, "runtime.precision")), "step_s": step_s,
             "tokens_per_s": tokens(b[0]) / step_s,
             "compile_s": max(0.0, sum(first[label]) - len(first[label]) * step_s) if label != "eager" else 0.0,
-            "peak_mib": _peak_mib(s.device), "loss_gap": gap, "steps_compared": len(eager),
+            "peak_mib": peaks[label], "loss_gap": gap, "steps_compared": len(eager),
         })
         log(f"capture {model} {label}: step {step_s:.4f}s, loss gap {gap:.2%}")
     del runners
@@ -96,13 +101,13 @@ def section_loop(s: Settings, rep: Report, model: str) -> None:
             runner.step([b[i % len(b)]])
         timed, _ = interleaved({"step": lambda i: runner.step([b[i]])}, len(b), 0, s.reps, s.device)
         step_s = median(timed["step"])
+        step_tps = statistics.mean(tokens(x) for x in b) / step_s  # padded B x T, as train/tokens_per_s counts
         del runner, data
         # The loop: Lightning, the data loader and the checkpoint cadence, as pre-training runs them.
         with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
             rows = pilot.run(f"loop-{label}", cfg, Path(tmp) / "loop.csv")
         steady = [r["tokens_per_s"] for r in rows[1:]]
         loop_tps = statistics.median(steady) if steady else float("nan")
-        step_tps = cfg.data.batch_size * cfg.data.max_seq_length / step_s
         rep.loop.append({"model": model, "variant": label, "step_s": step_s, "step_tokens_per_s": step_tps,
                          "loop_tokens_per_s": loop_tps, "ratio": loop_tps / step_tps, "windows": len(steady),
                          "window": window, "workers": cfg.runtime.num_workers,
