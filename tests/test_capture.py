@@ -74,17 +74,18 @@ def _pilot(tmp: Path, data_dir: Path, cache: Path, *extra: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_captured_step_draws_the_eager_loss_curve(tmp_path, data_dir, token_cache, monkeypatch):
+def test_the_captured_step_draws_the_eager_loss_curve(tmp_path, data_dir, token_cache):
     """Six steps of Lightning training, eager and compiled as one graph, from the same seed and batches. Inductor
     draws its own random numbers unless told to take torch's (fallback_random), and a compiled graph drops out with
     torch's dropout (fast.fast_dropout), so the eager run takes torch's dropout too: then the masks, samples and
     dropout are the same and every logged value must agree to float32 rounding."""
     import torch._inductor.config as inductor
 
-    monkeypatch.setattr(inductor, "fallback_random", True)
     torch._dynamo.reset()
     eager = _pilot(tmp_path / "eager", data_dir, token_cache, "runtime.fast_dropout=false")
-    captured = _pilot(tmp_path / "step", data_dir, token_cache, "runtime.compile=step")
+    with inductor.patch(fallback_random=True):  # inductor's own config patch: restored exactly afterwards
+        captured = _pilot(tmp_path / "step", data_dir, token_cache, "runtime.compile=step")
+    torch._dynamo.reset()  # later tests compile without this setting
     assert [r["step"] for r in captured] == [r["step"] for r in eager] == [1, 2, 3, 4, 5, 6]
     for key in ("loss", "mlm_loss", "disc_loss", "masked_lm_accuracy", "disc_accuracy", "replaced_fraction"):
         got, want = [r[key] for r in captured], [r[key] for r in eager]
