@@ -237,6 +237,15 @@ def check_pilot_csv(result: Result, runner: Runner) -> None:
         ["lr5e-4", "1"], ["lr5e-4", "2"], ["lr5e-4", "3"]], lines
 
 
+def check_gpu_smoke(result: Result, runner: Runner) -> None:
+    """docs/gpu.md's dry run: every part of the GPU check ran, and the report reads their results."""
+    text = (result.tmp / "benchmarks_gpu_smoke.md").read_text()
+    for part in ("speed", "capture", "loop", "pilot", "sweep"):
+        assert re.search(rf"^\| {part} \| [^|]+ \| ok \|", text, re.M), (part, text[:3000])
+    assert "| the quick sweep at smoke size, end to end through joblib_gpu | ok | yes |" in text
+    assert "### The captured step" in text and "### The training loop against the step alone" in text
+
+
 def check_my_objective(result: Result, runner: Runner) -> None:
     check_pretrained(result, runner)
     run = runner.client().get_run(result.run_id)
@@ -482,6 +491,12 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "data.max_seq_length=64 data.batch_size=16 data.max_docs=400 data.train_vocab_size=2000 trainer.max_steps=4 "
      "optim.warmup_steps=1 paths.root_dir=$D hydra/launcher=joblib hydra.launcher.n_jobs=2"):
         Smoke(replace={"$D": "{tmp}"}, check=check_joblib_pretrain),
+    # docs/gpu.md
+    "bash scripts/gpu_prepare.sh": Skip("downloads wheels from the package registry (network) into .gpu/"),
+    "python -m electra_ablate.bench.gpu_check --device cpu --smoke --out /tmp/benchmarks_gpu_smoke.md":
+        Smoke(("--out {tmp}/benchmarks_gpu_smoke.md", "--work {tmp}/gpu_check"), check=check_gpu_smoke),
+    "python -m electra_ablate.bench --models small --compile-models small --sections capture,loop --out /tmp/capture.md":
+        Skip("compiles ELECTRA-Small on a CPU (tens of minutes); the dry run above runs these sections at the tiny size"),
     # docs/scaling.md
     "python -m electra_ablate.sweep sweep=<name>": dataclasses.replace(QUICK_SMOKE, replace={"<name>": "quick"}),
 }

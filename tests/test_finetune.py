@@ -490,3 +490,39 @@ def test_the_cpu_regime_recipe_is_recorded_and_its_settings_are_the_identity(sto
     assert identity.identity(spelt) == identity.identity(cfg)  # the preset's name is a label, not a setting
     wins = config(tmp_path, uri, "recipe", "pretrained=none", "task=rte", "recipe=cpu_regime", "pooling=cls")
     assert wins.pooling == "cls"  # the command line overrides the recipe
+
+
+def test_fixed_length_batches_fine_tune_to_the_same_result(store, tmp_path):
+    """runtime.finetune_padding=max pads every batch to glue_data.max_seq_length (one shape, for graphs on a GPU):
+    without dropout the padded positions change nothing but rounding, so the losses and the dev score agree."""
+    client, uri = store
+    ckpt = save_tiny(tmp_path / "pre", model_name="tiny")
+    histories = {}
+    for padding in ("dynamic", "max", "bucket"):
+        exp = f"padding-{padding}"
+        cfg = config(tmp_path / padding, uri, exp, f"pretrained={ckpt}", "task=rte", "task.epochs=2",
+                     "glue_data.max_train_examples=32", "glue_data.max_eval_examples=16", "glue_data.batch_size=8",
+                     "dropout.hidden=0", "dropout.attention=0", "dropout.classifier=0", "logger.log_every_n_steps=1",
+                     "runtime.precision=32-true", f"runtime.finetune_padding={padding}")
+        finetuning.run(cfg)
+        (run,) = runs_of(client, exp)
+        loss = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
+        histories[padding] = (loss, run.data.metrics["final/score"])
+    loss, score = histories["dynamic"]
+    assert len(loss) >= 8
+    for padding in ("max", "bucket"):
+        other, other_score = histories[padding]
+        assert sorted(other) == sorted(loss)
+        assert [other[k] for k in sorted(other)] == pytest.approx([loss[k] for k in sorted(loss)], rel=1e-4, abs=1e-6)
+        assert other_score == pytest.approx(score, abs=1e-6)
+
+
+def test_fine_tuning_batches_are_padded_as_the_runtime_says():
+    from electra_ablate.glue.system import collate
+
+    items = [(np.arange(5), np.zeros(5), 1, 0), (np.arange(37), np.zeros(37), 0, 1)]
+    assert collate(items)["input_ids"].shape == (2, 37)
+    assert collate(items, padding="bucket", max_len=128)["input_ids"].shape == (2, 64)
+    assert collate(items, padding="bucket", max_len=50)["input_ids"].shape == (2, 50)
+    padded = collate(items, padding="max", max_len=128)
+    assert padded["input_ids"].shape == (2, 128) and padded["attention_mask"].sum().item() == 5 + 37

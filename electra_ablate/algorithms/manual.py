@@ -48,6 +48,11 @@ class ManualSystem(PretrainSystem):
                 "one loss per stage; adversarial: the generator's term is a REINFORCE surrogate), so there is no "
                 "lambda to learn; use weighting=fixed (weighting=learned is meant for algorithm=joint)"
             )
+        if str(cfg.runtime.compile) == "step":
+            problems.append(
+                f"runtime.compile=step captures the joint training step; {algorithm} steps its networks by hand, "
+                "one stage or player at a time; use runtime.compile=networks (or false)"
+            )
         if cfg.trainer.accumulate_grad_batches != 1:
             problems.append(
                 f"{algorithm} steps its optimizers by hand and does not accumulate gradients; set "

@@ -89,7 +89,7 @@ class Data(NamedTuple):
 def load_data(cfg: DictConfig, device: torch.device, n_batches: int, num_workers: int = 0) -> Data:
     """The pre-training data module as training/build.py configures it, and its first `n_batches` real batches."""
     dm = instantiate(cfg.data, cache_dir=cfg.paths.cache_dir, seed=cfg.seed, num_workers=num_workers,
-                     pin_memory=device.type == "cuda")
+                     pin_memory=device.type == "cuda", fixed_length=fast.static_shapes(cfg.runtime))
     dm.prepare()
     batches = []
     for b in dm.train_dataloader():
@@ -117,6 +117,7 @@ class FastPath:
     fused_adam: bool = False
     compile: bool = False
     cpu_attention: str = "math"  # without dropout: attention written out on CPU, or torch's fused SDPA ("sdpa")
+    capture: str | None = None  # runtime.compile=step: the torch.compile mode of the captured step (None: eager)
 
     @classmethod
     def from_runtime(cls, cfg: DictConfig, device: torch.device) -> FastPath:
@@ -128,6 +129,7 @@ class FastPath:
             # auto: as PretrainSystem resolves fused_adam=None (torch's fused kernel on CUDA)
             fused_adam=device.type == "cuda" if fused == "auto" else bool(fused),
             cpu_attention=str(cfg.runtime.cpu_attention),
+            capture=fast.compile_mode(cfg.runtime, device.type) if fast.compile_scope(cfg.runtime) == "step" else None,
         )
 
 
@@ -175,6 +177,8 @@ class OursRunner:
             for net in (self.system.model, self.system.generator):
                 if isinstance(net, torch.nn.Module):
                     net.compile()  # in place: parameter names and state-dict keys unchanged
+        if fp.capture is not None:
+            self.system.compile_step(fp.capture)  # as training/build.py does for runtime.compile=step
         conf = self.system.configure_optimizers()
         self.optimizer, self.scheduler = conf["optimizer"], conf["lr_scheduler"]["scheduler"]
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]

@@ -42,7 +42,9 @@ from electra_ablate.bench.sections_pipeline import section_build, section_data, 
 from electra_ablate.bench.sections_throughput import section_throughput, throughput_probe
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
-from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, NO_GPU_NOTE, PRECISIONS, PROBE_TAG, REPO, SECTIONS,
+from electra_ablate.bench.sections_capture import section_capture, section_loop
+from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, DEFAULT_SECTIONS, NO_GPU_NOTE, PRECISIONS, PROBE_TAG,
+                                           REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
                                            log, machine_info, resolve_device)
 from electra_ablate.common import cli
@@ -73,14 +75,18 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
                    help="runtime.precision values to time side by side in the pre-training and fine-tuning sections "
                         "(default: 32-true,bf16-mixed on a CPU with avx512_bf16 or AMX, 32-true on other CPUs, "
                         "bf16-mixed on CUDA)")
-    p.add_argument("--compile-models", default="tiny", help="configs for the torch.compile section (slow to compile)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--compile-models", default="tiny", help="configs for the torch.compile, capture and loop sections "
+                                                            "(slow to compile)")
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but capture and loop)")
     p.add_argument("--data-dir", type=Path, default=None, help="the shared data folder (default: $ELECTRA_ABLATE_DATA "
                                                                "or ../shared/data)")
     p.add_argument("--cache-dir", type=Path, default=REPO / "outputs" / "cache", help="token cache (paths.cache_dir)")
     p.add_argument("--override", action="append", default=[], help="a Hydra override for every config (repeatable)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the markdown report to write (default "
                    "reports/benchmarks.md)")
+    p.add_argument("--json", type=Path, default=None, help="also write the measured rows of every section here (JSON), "
+                                                           "for programs that read the results (bench/gpu_check.py)")
     p.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps everywhere (tests, smoke runs)")
     p.add_argument("--build-paths", default="", help="comma-separated files, folders or globs for the corpus-build "
                                                      "section (default: the Wikipedia slice; --quick: the sample)")
@@ -127,7 +133,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         build_paths=tuple(x for x in a.build_paths.split(",") if x), build_workers=a.build_workers or a.threads,
         build_max_docs=a.build_max_docs, throughput_experiment=a.throughput_experiment,
     )
-    return s, a.out
+    return s, (a.out, a.json)
 
 
 def run(s: Settings) -> Report:
@@ -152,6 +158,10 @@ def run(s: Settings) -> Report:
     if "compile" in s.sections:
         for model in s.compile_models:
             section_compile(s, rep, model)
+    for name, fn in (("capture", section_capture), ("loop", section_loop)):
+        if name in s.sections:
+            for model in s.compile_models:
+                fn(s, rep, model)
     if "memory" in s.sections:
         for model in s.models:
             section_memory(s, rep, model)
@@ -181,8 +191,12 @@ def main(argv: list[str] | None = None) -> Report | None:
         probe = throughput_probe if spec.get("kind") == "throughput" else memory_probe
         print(PROBE_TAG + json.dumps(probe(spec)), flush=True)
         return None
+    out, json_out = out
     rep = run(s)
     write_text(out, render(rep))
+    if json_out is not None:
+        rows = {k: v for k, v in vars(rep).items() if k not in ("settings", "peaks")}
+        write_text(json_out, json.dumps(rows, default=str, indent=1))
     log(f"wrote {out}")
     return rep
 

@@ -34,7 +34,7 @@ from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.training import build
 
 METRICS = ("mlm_loss", "masked_lm_accuracy", "disc_loss", "disc_accuracy", "disc_auc", "replaced_fraction", "loss",
-           "tokens_per_s", "lr")
+           "tokens_per_s", "mfu", "lr")
 COLUMNS = ("name", "step", "tokens", "seconds", *METRICS)
 # The cache entry's settings (meta.json) that must be the data config's, as data.<key>.
 CACHE_KEYS = ("max_seq_length", "train_vocab_size", "max_docs", "lowercase")
@@ -55,6 +55,8 @@ class CsvRows:
         self.started = time.perf_counter()
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
+        if not any(f"train/{k}" in metrics for k in METRICS):
+            return  # not a window (runtime/compile_s, sent once by fast.CompileTimer)
         row = {"name": self.name, "step": step, "tokens": step * self.tokens_per_step,
                "seconds": round(time.perf_counter() - self.started, 2)}
         row |= {k: metrics.get(f"train/{k}", "") for k in METRICS}

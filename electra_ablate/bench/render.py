@@ -18,7 +18,7 @@ TARGETS = {"tiny": (3.0, None), "small": (2.0, 0.5)}
 def render(rep: Report) -> str:
     """The whole file: every section the run measured, in order, joined by newlines."""
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
-             sections.bert, sections.finetune, sections.data_loader, sections.memory, sections.syncs,
+             sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory, sections.syncs,
              sections.corpus_build, sections.throughput, sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 

@@ -308,3 +308,50 @@ def notes(rep: Report) -> list[str]:
     if not rep.notes:
         return []
     return ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
+
+
+def capture(rep: Report) -> list[str]:
+    if not rep.capture:
+        return []
+    L = [
+        "## The captured step (`runtime.compile=step`)",
+        "",
+        "The whole loss (masking, generator, sampling, discriminator, losses, metric sums) compiled as one graph with "
+        "fullgraph=True, forward and backward, on batches padded to the sequence length (`runtime.static_shapes`), "
+        "against the eager step; both from the same initial weights on the same batches, interleaved. Compile time = "
+        "the first steps minus as many steady ones. Own peak memory (GPU only): the variant's peak allocation above what "
+        "was allocated before it was built (weights, gradients, optimizer state, activations, CUDA-graph pool). Loss gap: the largest relative difference of the two per-step "
+        "losses (inductor draws its own random numbers, so the masks and samples differ and the gap is not zero).",
+        "",
+        "| config | batch | variant | step (s) | tokens/s | vs eager | compile (s) | own peak memory (MiB) | loss gap |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    eager = {r["model"]: r["step_s"] for r in rep.capture if r["variant"] == "eager"}
+    for r in rep.capture:
+        L.append(f"| {r['model']} | {r['batch']} | {r['variant']} | {fmt(r['step_s'], 4)} | {r['tokens_per_s']:,.0f} | "
+                 f"{eager[r['model']] / r['step_s']:.2f}x | {fmt(r['compile_s'], 1)} | {fmt(r['peak_mib'], 0)} | "
+                 f"{r['loss_gap']:.2%} over {r['steps_compared']} steps |")
+    L.append("")
+    return L
+
+
+def loop(rep: Report) -> list[str]:
+    if not rep.loop:
+        return []
+    r0 = rep.loop[0]
+    L = [
+        "## The training loop against the step alone",
+        "",
+        f"The same config trained by Lightning as pre-training trains it (`bench/pilot.py`: the Trainer, checkpoints "
+        f"every {r0['checkpoint_every']} steps, the data loader with {r0['workers']} workers and pinned memory on a "
+        f"GPU, metric windows of {r0['window']} steps), tokens/s the median of the windows after the first, against "
+        "the isolated step on batches already on the device. The loop should keep 90% or more of the step.",
+        "",
+        "| config | variant | step alone (s) | step alone tokens/s | loop tokens/s | loop / step | train/mfu | windows |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rep.loop:
+        L.append(f"| {r['model']} | {r['variant']} | {fmt(r['step_s'], 4)} | {r['step_tokens_per_s']:,.0f} | "
+                 f"{r['loop_tokens_per_s']:,.0f} | {r['ratio']:.0%} | {fmt(r['mfu'], 3)} | {r['windows']} |")
+    L.append("")
+    return L

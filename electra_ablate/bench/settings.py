@@ -69,7 +69,10 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
-            "throughput")
+            "throughput", "capture", "loop")
+# The sections a plain `python -m electra_ablate.bench` runs: capture and loop compile and train, for the GPU check
+# (scripts/gpu_check.sh) or on request.
+DEFAULT_SECTIONS = SECTIONS[:-2]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -122,6 +125,8 @@ class Report:
     syncs: list[dict] = field(default_factory=list)
     build: list[dict] = field(default_factory=list)
     throughput: list[dict] = field(default_factory=list)
+    capture: list[dict] = field(default_factory=list)
+    loop: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 

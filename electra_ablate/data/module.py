@@ -29,10 +29,11 @@ from electra_ablate.data.examples import MIN_TARGET_LENGTH
 from electra_ablate.data.hf_corpus import HFDataset
 
 
-def collate(cache: PretrainCache, rows: np.ndarray) -> dict[str, torch.Tensor]:
-    """Batch of `rows`, padded to the longest of them: input_ids, attention_mask, token_type_ids (B, T) long."""
+def collate(cache: PretrainCache, rows: np.ndarray, length: int | None = None) -> dict[str, torch.Tensor]:
+    """Batch of `rows`, padded to the longest of them (or to `length`, the cache's max_seq_length, for shapes that
+    never change: runtime.static_shapes): input_ids, attention_mask, token_type_ids (B, T) long."""
     lengths = cache.lengths[rows]  # (B,)
-    longest = int(lengths.max())
+    longest = int(lengths.max()) if length is None else length
     # Reading sorted rows from the memory map is sequential on disk; the permutation order is restored after.
     order = np.argsort(rows, kind="stable")
     ids = np.empty((len(rows), longest), dtype=np.int64)
@@ -65,10 +66,11 @@ class PretrainBatches(IterableDataset):
     """
 
     def __init__(self, directory: Path, num_examples: int, batch_size: int, seed: int, start: int = 0,
-                 rank: int = 0, world_size: int = 1):
+                 rank: int = 0, world_size: int = 1, length: int | None = None):
         assert num_examples >= batch_size, f"{num_examples} examples cannot fill a batch of {batch_size}"
         self.directory, self.num_examples, self.batch_size, self.seed = directory, num_examples, batch_size, seed
         self.start, self.rank, self.world_size = start, rank, world_size
+        self.length = length  # every batch padded to this many positions (None: to its longest row)
 
     def rows(self, global_batch: int) -> np.ndarray:
         """(B,) row indices of global batch `global_batch`."""
@@ -82,7 +84,7 @@ class PretrainBatches(IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for step in itertools.count(self.start + worker, workers):
-            yield collate(cache, self.rows(step * self.world_size + self.rank))
+            yield collate(cache, self.rows(step * self.world_size + self.rank), self.length)
 
 
 class PretrainDataModule(pl.LightningDataModule):
@@ -109,6 +111,7 @@ class PretrainDataModule(pl.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         pin_memory: bool = False,
+        fixed_length: bool = False,
     ):
         super().__init__()
         problems = []
@@ -133,6 +136,9 @@ class PretrainDataModule(pl.LightningDataModule):
         self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
         self.max_docs, self.batch_size, self.build_seed = max_docs, batch_size, build_seed
         self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
+        # Speed only (runtime.static_shapes): every batch padded to max_seq_length, so a captured step never
+        # meets a new shape. The masks then draw over B x max_seq_length positions: the same distribution.
+        self.fixed_length = fixed_length
         self._cache: PretrainCache | None = None
         self._start = 0  # batches consumed before the current loader was made (this rank's local steps)
         self._loader_trainer: pl.Trainer | None = None  # the trainer the current loader feeds
@@ -237,7 +243,7 @@ class PretrainDataModule(pl.LightningDataModule):
         self._progress_at_start = self._trainer_batches(self.trainer)
         rank, world_size = self._rank_world()
         batches = PretrainBatches(self.cache.directory, self.num_examples, self.batch_size, self.seed,
-                                  self._start, rank, world_size)
+                                  self._start, rank, world_size, self.max_seq_length if self.fixed_length else None)
         # batch_size=None: the dataset yields whole batches; the sampler-free stream has no length, so
         # Lightning runs one endless epoch and stops at max_steps.
         return DataLoader(batches, batch_size=None, num_workers=self.num_workers, pin_memory=self.pin_memory,

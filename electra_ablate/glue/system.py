@@ -278,9 +278,28 @@ class FeaturesDataset(Dataset):
         return self.f.input_ids[a:b], self.f.token_type_ids[a:b], self.f.labels[i], i
 
 
-def collate(items: Sequence[tuple[np.ndarray, np.ndarray, float, int]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad to the longest sequence in the batch (not to max_seq_length)."""
-    T = max(len(ids) for ids, _, _, _ in items)
+# runtime.finetune_padding: how long a fine-tuning batch is. dynamic: its longest row (least work); bucket: that
+# rounded up to a multiple of PAD_BUCKET (at most max_seq_length / 32 shapes); max: glue_data.max_seq_length (one
+# shape). Padded positions are masked out of attention, pooling and the loss, so the results are the same up to
+# rounding (and, with dropout, the draws over the longer tensors); fixed shapes let a compiled network on a GPU
+# (runtime.compile) keep one graph, or a few, instead of one per length.
+FINETUNE_PADDING = ("dynamic", "bucket", "max")
+PAD_BUCKET = 32
+
+
+def padded_length(longest: int, padding: str = "dynamic", max_len: int = 0) -> int:
+    """The length a batch whose longest row has `longest` tokens is padded to (FINETUNE_PADDING)."""
+    if padding == "max":
+        return max(max_len, longest)
+    if padding == "bucket":
+        return min(max(max_len, longest), -(-longest // PAD_BUCKET) * PAD_BUCKET)
+    return longest
+
+
+def collate(items: Sequence[tuple[np.ndarray, np.ndarray, float, int]], pad_id: int = 0, padding: str = "dynamic",
+            max_len: int = 0) -> dict[str, torch.Tensor]:
+    """Pad to the longest sequence in the batch (not to max_seq_length), or as `padding` says (`padded_length`)."""
+    T = padded_length(max(len(ids) for ids, _, _, _ in items), padding, max_len)
     B = len(items)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     token_type_ids = torch.zeros((B, T), dtype=torch.long)
@@ -345,8 +364,11 @@ class GlueDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool = False,
         pad_id: int = 0,
+        padding: str = "dynamic",
+        max_len: int = 0,
     ):
         super().__init__()
+        self.padding, self.max_len = padding, max_len
         self.train, self.dev = train, dev
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.seed, self.length_buckets = seed, length_buckets
@@ -355,7 +377,7 @@ class GlueDataModule(pl.LightningDataModule):
     def _loader(self, features: Features, **kwargs) -> DataLoader:
         return DataLoader(
             FeaturesDataset(features),
-            collate_fn=functools.partial(collate, pad_id=self.pad_id),
+            collate_fn=functools.partial(collate, pad_id=self.pad_id, padding=self.padding, max_len=self.max_len),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,

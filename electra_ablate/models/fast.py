@@ -79,7 +79,9 @@ def fast_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return x
-    if p == 1.0 or x.device.type != "cpu":
+    if p == 1.0 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        # Compiled (runtime.compile): inductor generates torch's dropout with its own random numbers, fused into
+        # the neighbouring kernels; the lanes' in-place `random_` would break the graph.
         return F.dropout(x, p, training)
     return _MaskedScale.apply(x, keep_mask(x.shape, p, x.device), 1.0 / (1.0 - effective_rate(p)))
 
@@ -152,22 +154,62 @@ def set_fast_dropout(module: nn.Module, enabled: bool, attention: bool | None = 
     return module
 
 
-def apply_runtime(runtime, *modules: nn.Module | None) -> None:
+# runtime.compile: what torch.compile captures. false: nothing (eager); networks (or true): each network compiled in
+# place, forward and backward, one graph per network call; step: the whole loss (masking, the generator, sampling,
+# the discriminator, both losses and the metric sums) as one graph with fullgraph=True, on batches of one shape.
+COMPILE = ("false", "networks", "step")
+# runtime.compile_mode: torch.compile's mode. auto = reduce-overhead for the compiled step on CUDA (the graph
+# replayed as CUDA graphs: a few launches per step instead of one per kernel; the step is bound by the host there),
+# default elsewhere (compiled networks keep the mode they always had).
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_scope(runtime) -> str:
+    """runtime.compile as one of COMPILE (true means networks, as it always has); ValueError naming the fix."""
+    value = runtime.compile
+    scope = {False: "false", True: "networks"}.get(value, value) if isinstance(value, bool) else str(value)
+    if scope not in COMPILE:
+        raise ValueError(f"runtime.compile={value!r} must be one of {', '.join(COMPILE)} (true = networks)")
+    return scope
+
+
+def compile_mode(runtime, device_type: str) -> str:
+    """runtime.compile_mode resolved for a device: auto = reduce-overhead for the compiled step on CUDA, else default."""
+    mode = str(runtime.get("compile_mode", "auto"))
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"runtime.compile_mode={mode!r} must be one of {', '.join(COMPILE_MODES)}")
+    if mode == "auto":
+        return "reduce-overhead" if device_type == "cuda" and compile_scope(runtime) == "step" else "default"
+    return mode
+
+
+def static_shapes(runtime) -> bool:
+    """runtime.static_shapes resolved: auto = on when the step is compiled (a new shape would recompile it)."""
+    value = runtime.get("static_shapes", "auto")
+    if value == "auto":
+        return compile_scope(runtime) == "step"
+    if not isinstance(value, bool):
+        raise ValueError(f"runtime.static_shapes={value!r} must be auto, true or false")
+    return value
+
+
+def apply_runtime(runtime, *modules: nn.Module | None, device_type: str = "cpu") -> None:
     """Install the runtime group's speed-only choices on networks built by `training.build.build_networks`, in place.
 
     `runtime.fast_dropout`: hidden and attention dropout draw their masks from 16-bit random lanes on CPU
     (module docstring); on CUDA the modules defer to torch, so the setting is harmless there.
     `runtime.cpu_attention`: without dropout, CPU attention written out (math) or torch's fused SDPA (sdpa).
-    `runtime.compile`: `nn.Module.compile()` on each network with parameters (in place, so parameter names and
-    state-dict keys do not change); the compile happens in the first steps, which `CompileTimer` logs.
+    `runtime.compile=networks` (or true): `nn.Module.compile()` on each network with parameters (in place, so
+    parameter names and state-dict keys do not change); the compile happens in the first steps, which
+    `CompileTimer` logs. `runtime.compile=step` is the training system's (`PretrainSystem.compile_step`).
     Non-neural generators (no dropout, no parameters) and None pass through unchanged.
     """
     for module in modules:
         if not isinstance(module, nn.Module):
             continue
         set_fast_dropout(module, bool(runtime.fast_dropout), cpu_attention=str(runtime.cpu_attention))
-        if runtime.compile and any(True for _ in module.parameters()):
-            module.compile()
+        if compile_scope(runtime) == "networks" and any(True for _ in module.parameters()):
+            module.compile(mode=compile_mode(runtime, device_type))
 
 
 class CompileTimer(pl.Callback):

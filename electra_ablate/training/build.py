@@ -42,6 +42,7 @@ def data_module(cfg: DictConfig) -> PretrainDataModule:
         cache_dir=cfg.paths.cache_dir,
         num_workers=cfg.runtime.num_workers,
         pin_memory=on_gpu(cfg) if cfg.runtime.pin_memory == "auto" else bool(cfg.runtime.pin_memory),
+        fixed_length=fast.static_shapes(cfg.runtime),
         seed=cfg.seed,
     )
 
@@ -71,7 +72,8 @@ def build_networks(cfg: DictConfig, dm: PretrainDataModule, special: SpecialIds,
         generator = instantiate(cfg.generator, disc_cfg, token_counts=torch.as_tensor(dm.token_counts), special=special)
         if generator.neural:
             (sharing or sharing_mode(cfg)).tie(generator, model)
-    fast.apply_runtime(cfg.runtime, model, generator)  # speed only: fast dropout masks, torch.compile
+    # Speed only: fast dropout masks, torch.compile of the networks (runtime.compile=step: `trained_system`).
+    fast.apply_runtime(cfg.runtime, model, generator, device_type="cuda" if on_gpu(cfg) else "cpu")
     return model, generator, objective
 
 
@@ -107,6 +109,8 @@ def trained_system(cfg: DictConfig, dm: PretrainDataModule, sharing: SharingMode
     model, generator, objective = build_networks(cfg, dm, dm.special, sharing)
     built = system(cfg, model, generator, objective)
     built.seed = cfg.seed
+    if fast.compile_scope(cfg.runtime) == "step":
+        built.compile_step(fast.compile_mode(cfg.runtime, "cuda" if on_gpu(cfg) else "cpu"))
     return model, generator, built
 
 
@@ -138,7 +142,7 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         callbacks=[
             pl.callbacks.ModelCheckpoint(dirpath=str(store / "checkpoints"), every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
                                          save_top_k=0, save_last=True),
-            *([fast.CompileTimer()] if cfg.runtime.compile else []),
+            *([fast.CompileTimer()] if fast.compile_scope(cfg.runtime) != "false" else []),
             *callbacks,
         ],
         num_sanity_val_steps=0,

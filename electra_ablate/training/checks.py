@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from electra_ablate.common.values import is_integer as _integer
 from electra_ablate.common.values import is_number as _number
 from electra_ablate.models.encoder import LAYER_NORMS
+from electra_ablate.models import fast
 from electra_ablate.models.fast import CPU_ATTENTION
 
 # The config groups whose `_target_` class carries its own constraints (`config_problems(cfg)`).
@@ -46,6 +47,13 @@ def value_problems(cfg: DictConfig) -> list[str]:
     need(_integer(t.max_steps) and t.max_steps > 0, "trainer.max_steps", t.max_steps, "must be a positive number of steps")
     need(cfg.runtime.cpu_attention in CPU_ATTENTION, "runtime.cpu_attention", cfg.runtime.cpu_attention,
          "must be math (attention written out on CPU, the faster there) or sdpa (torch's fused kernel)")
+    runtime_errors = []  # compile_mode and static_shapes read runtime.compile too: each message once
+    for setting in (fast.compile_scope, lambda r: fast.compile_mode(r, "cpu"), fast.static_shapes):
+        try:
+            setting(cfg.runtime)
+        except ValueError as error:
+            runtime_errors.append(str(error))
+    out.extend(dict.fromkeys(runtime_errors))
     need(_integer(o.warmup_steps) and o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps,
          "must be a number of steps >= 0")
     if _integer(o.warmup_steps) and _integer(t.max_steps) and t.max_steps > 0 and o.warmup_steps > t.max_steps:

@@ -7,7 +7,7 @@ import math
 
 from omegaconf import DictConfig
 
-from electra_ablate.glue.system import POOLINGS
+from electra_ablate.glue.system import FINETUNE_PADDING, POOLINGS
 from electra_ablate.models.fast import CPU_ATTENTION
 from electra_ablate.training.finetune_source import FinetuneError
 
@@ -59,6 +59,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.runtime.cpu_attention not in CPU_ATTENTION:
         raise FinetuneError(f"runtime.cpu_attention={cfg.runtime.cpu_attention!r} must be math (attention written out "
                             "on CPU, the faster there) or sdpa (torch's fused kernel)")
+    padding = cfg.runtime.get("finetune_padding", "dynamic")
+    if padding not in FINETUNE_PADDING:
+        raise FinetuneError(f"runtime.finetune_padding={padding!r} must be dynamic (each batch to its longest row), "
+                            "bucket (to a multiple of 32) or max (to glue_data.max_seq_length: one shape, for graphs)")
     if cfg.pooling not in POOLINGS:
         raise FinetuneError(f"pooling={cfg.pooling!r} must be cls (the paper: the final [CLS] state) or mean (the "
                             "mean over the example's tokens)")

@@ -272,7 +272,9 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
     # dropout it stays torch's SDPA and its own masks, so runs with dropout draw the same random numbers.
     fast.set_fast_dropout(encoder, False, cpu_attention=str(cfg.runtime.cpu_attention))
     if cfg.runtime.compile:
-        encoder.compile(dynamic=True)  # in place: parameter names (and layer-wise lrs) unchanged
+        # In place: parameter names (and layer-wise lrs) unchanged. Fixed or bucketed lengths
+        # (runtime.finetune_padding) keep static shapes: one graph per length, CUDA-graph friendly.
+        encoder.compile(dynamic=str(cfg.runtime.finetune_padding) == "dynamic")
     system = FinetuneSystem(encoder, task, optim, {n: f.labels for n, f in dev.items()},
                             float(cfg.dropout.classifier), int(cfg.logger.log_every_n_steps), str(cfg.pooling))
     system.metrics_sink = run.log_metrics
@@ -282,6 +284,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         length_buckets=bool(d.length_buckets), num_workers=int(cfg.runtime.num_workers),
         pin_memory=bool(auto_flag(cfg.runtime.pin_memory, on_gpu(cfg))),
         pad_id=tokenizer.token_to_id("[PAD]") or 0,
+        padding=str(cfg.runtime.get("finetune_padding", "dynamic")), max_len=int(d.max_seq_length),
     )
     trainer = pl.Trainer(
         max_epochs=int(task_cfg.epochs),

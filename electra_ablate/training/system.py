@@ -11,6 +11,7 @@ Lightning's manual optimisation.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from electra_ablate.common.peaks import Peak, device_peak
 from electra_ablate.models.encoder import ElectraForPretraining, Networks
 from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput
 from electra_ablate.optim.adam import adam_over_parameters
@@ -27,6 +29,8 @@ from electra_ablate.optim.clipping import FusedClipping
 from electra_ablate.optim.groups import unique_parameters
 from electra_ablate.optim.schedule import linear_warmup_decay
 from electra_ablate.training.auc import BinnedAUC
+
+log = logging.getLogger(__name__)
 
 
 class TrainingError(RuntimeError):
@@ -90,10 +94,16 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         self._tokens = 0
         self._window_start = time.perf_counter()
         self._last_logged = -1
+        self._window_first_step = 0  # the global step the open window started at (for train/mfu)
+        # The device's peak FLOP/s at the run's precision (common/peaks.py), found at the start of training.
+        self.peak: Peak | None = None
         self._pending_rng: dict | None = None
         # The run's seed, set by the entry point: the processes of a DDP run after the first draw their masks
         # and samples from streams of their own, derived from it.
         self.seed: int | None = None
+        # runtime.compile=step: the objective over the networks as one compiled graph (`compile_step`).
+        self._compiled_step: Callable[..., ObjectiveOutput] | None = None
+        self._cuda_graphs = False
 
     @property
     def nets(self) -> Networks:
@@ -123,9 +133,31 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self.objective(Batch(**batch), self.nets)
+        out = self.objective_step(batch)
         self.accumulate(out, batch)
         return out.loss
+
+    def objective_step(self, batch: dict[str, torch.Tensor]) -> ObjectiveOutput:
+        """The objective over the networks for one batch: eager, or the graph `compile_step` captured."""
+        if self._compiled_step is None:
+            return self.objective(Batch(**batch), self.nets)
+        if self._cuda_graphs:
+            # A new training step: the previous replay's outputs (loss, sums) have been used and may be overwritten.
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._compiled_step(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+
+    def _objective_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           token_type_ids: torch.Tensor) -> ObjectiveOutput:
+        return self.objective(Batch(input_ids, attention_mask, token_type_ids), self.nets)
+
+    def compile_step(self, mode: str = "default") -> None:
+        """runtime.compile=step: masking, the generator, sampling, the discriminator, both losses and the metric sums
+        compiled as one graph, forward and backward (AOTAutograd), with fullgraph=True (a graph break is an error,
+        not a silent fall back to Python) and static shapes (batches padded to one length: runtime.static_shapes).
+        `mode` reduce-overhead replays the graphs as CUDA graphs on a GPU. The optimizer step stays torch's (fused
+        AdamW on CUDA: a few multi-tensor kernels per step). Modules and state-dict keys are unchanged."""
+        self._compiled_step = torch.compile(self._objective_forward, fullgraph=True, dynamic=False, mode=mode)
+        self._cuda_graphs = mode == "reduce-overhead"
 
     # --- metrics ----------------------------------------------------------------------------------------
     def accumulate(self, out: ObjectiveOutput, batch: dict[str, torch.Tensor]) -> None:
@@ -135,7 +167,8 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
                 self.fail_non_finite(value, self.global_step + 1)  # the step being taken, 1-based as logged
             self.recent_losses.append((self.global_step + 1, value))
         for k, v in out.sums.items():
-            self._sums[k] = self._sums[k] + v if k in self._sums else v
+            # A fresh window keeps a copy: a CUDA-graph replay reuses its output memory at the next step.
+            self._sums[k] = self._sums[k] + v if k in self._sums else v.clone()
         if out.disc_probs is not None and out.disc_probs.numel():
             self.auroc.update(out.disc_probs, out.disc_labels, out.disc_weights)
         self._tokens += batch["input_ids"].numel()
@@ -187,13 +220,22 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
             metrics["train/disc_auc"] = float(self.auroc.compute())
             self.auroc.reset()
         now = time.perf_counter()
-        metrics["train/tokens_per_s"] = tokens / max(now - self._window_start, 1e-9)
+        elapsed = max(now - self._window_start, 1e-9)
+        metrics["train/tokens_per_s"] = tokens / elapsed
+        if self.peak is not None and self.flops_per_step:
+            # Model FLOPs utilisation: the paper's FLOPs of the window's steps (global batch) per second, over the
+            # peak of every device that trained them.
+            done = self.flops_at(step) - self.flops_at(self._window_first_step)
+            metrics["train/mfu"] = done / elapsed / (self.peak.flops * self._world_size())
         metrics.update(self.window_metrics(step))
-        self._sums, self._tokens, self._window_start = {}, 0, now
+        self._sums, self._tokens, self._window_start, self._window_first_step = {}, 0, now, step
         self.history.append((step, metrics))
         if self.metrics_sink is not None:
             self.metrics_sink(metrics, step)
         return metrics
+
+    def _world_size(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
 
     def _reduce_auc(self) -> None:
         """Under DDP, every rank's score histogram added up (a collective: every rank closes the same windows)."""
@@ -248,7 +290,14 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         # Restored here, after everything that draws random numbers at start-up, right before the next batch.
         self._sums = {k: v.to(self.device) for k, v in self._sums.items()}
         self.auroc.to(self.device)
+        if self.peak is None and self._trainer is not None:
+            self.peak = device_peak(self.device, str(self.trainer.precision))  # before the first window's clock
+            log.info("train/mfu over a peak of %.3g FLOP/s per device (%s)", self.peak.flops, self.peak.source)
+            sink = self.metrics_sink
+            if sink is not None:
+                sink({"runtime/peak_flops": self.peak.flops}, self.global_step)
         self._window_start = time.perf_counter()
+        self._window_first_step = self.global_step
         if self._pending_rng is not None:
             rng, self._pending_rng = self._pending_rng, None
             torch.set_rng_state(rng["torch"])
