@@ -36,6 +36,7 @@ import torch
 from electra_ablate.bench.settings import REPO, BenchError, default_data_dir, log, resolve_device
 from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
+from electra_ablate.common.portable import portable
 from electra_ablate.common.precision import cpu_name
 
 DEFAULT_OUT = REPO / "reports" / "benchmarks_gpu.md"
@@ -234,7 +235,7 @@ def render(p: Plan, parts: list[Part], machine: dict) -> str:
         L += ["## Logs of the parts that did not finish", ""]
         for x in failed:
             L += [f"### {x.name}: {x.status}", "", "```", x.log_tail, "```", ""]
-    return "\n".join(L) + "\n"
+    return portable("\n".join(L)) + "\n"
 
 
 def shown(argv: list[str]) -> str:
