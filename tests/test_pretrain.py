@@ -50,6 +50,9 @@ def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objecti
         expected |= {"train/disc_loss", "train/disc_accuracy", "train/disc_precision", "train/disc_recall",
                      "train/disc_auc", "train/replaced_fraction", "train/sampled_masked_lm_accuracy"}
     assert expected <= set(run.data.metrics), expected - set(run.data.metrics)
+    # The network that sees [MASK] (BERT's encoder, or the generator) has its accuracy split by input.
+    assert {f"masked_lm_accuracy_at_{part}" for part in ("mask", "kept")} <= {
+        k.split("/")[1].removeprefix("gen_") for k in run.data.metrics}
     assert run.data.params["objective.name"] == objective
 
     # The fine-tunable network is saved where the tag says, with its heads and vocabulary.

@@ -314,7 +314,9 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
 
     # training_algorithms' arms; two_stage given a masked LM's metrics with a generator, as All-Tokens MLM logs
     states = [state("bert", mlm_loss=2.4, masked_lm_accuracy=0.50), state("bert", mlm_loss=2.5, masked_lm_accuracy=0.40),
-              state("joint", mlm_loss=4.8, masked_lm_accuracy=0.18, disc_auc=0.63, replaced_fraction=0.12),
+              state("joint", mlm_loss=4.8, masked_lm_accuracy=0.18, masked_lm_accuracy_at_mask=0.04,
+                    masked_lm_accuracy_at_kept=0.97, sampled_masked_lm_accuracy=0.16, disc_auc=0.63,
+                    disc_precision=0.40, disc_recall=0.05, replaced_fraction=0.12),
               state("two_stage", masked_lm_accuracy=0.22, gen_masked_lm_accuracy=0.29, replaced_fraction=0.11),
               SimpleNamespace(job=SimpleNamespace(variant="adversarial"), run=None)]  # not finished: no row
     joint = arms.end_of_pretraining(states[2].run)
@@ -323,6 +325,9 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
     spec = load_sweep("training_algorithms", "tiny")  # its scale with BERT's reference line
     rows = [line for line in "\n".join(end_of_pretraining_section(spec, states)).splitlines() if line.startswith("| ")]
     assert rows[0].endswith("| paper: generator's MLM accuracy |")  # paper Appendix F: joint 65, adversarial 58
-    assert rows[1:] == ["| joint | 1 | – | 18.0 | 0.630 | 12.0 | 65 |", "| two_stage | 1 | 22.0 | 29.0 | – | 11.0 | – |",
-                        "| bert | 2 | 45.0 | – | – | – | – |"]
+    # The generator copies: 97% where the original was kept, 4% at [MASK]; the discriminator's precision/recall.
+    assert joint["generator_mlm_accuracy_at_mask"] == 0.04 and joint["generator_mlm_accuracy_at_kept"] == 0.97
+    assert rows[1:] == ["| joint | 1 | – | 18.0 / 4.0 / 97.0 | 16.0 | 0.630 | 40.0 / 5.0 | 12.0 | 65 |",
+                        "| two_stage | 1 | 22.0 / – / – | 29.0 / – / – | – | – | – | 11.0 | – |",
+                        "| bert | 2 | 45.0 / – / – | – | – | – | – | – | – |"]
     assert end_of_pretraining_section(spec, states[4:]) == []
