@@ -515,6 +515,48 @@ def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, 
     assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5
 
 
+def test_the_30k_preset_sweep_compares_at_equal_compute_and_runs_electra_to_4x_on_one_seed(tmp_path, data_dir):
+    ctx = context("cpu_regime_30k", "tiny", tmp_path, data_dir)
+    cfgs = {v: ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "electra", "electra_4x")}
+    bert = cfgs["bert"]
+    assert (bert.data.train_vocab_size, bert.data.max_seq_length, bert.trainer.max_steps) == (0, 128, 3000)
+    assert bert.data.batch_size * bert.data.max_seq_length * bert.trainer.max_steps == 49_152_000  # cpu_regime's
+    for label, cfg in cfgs.items():
+        assert (cfg.preset, cfg.model.layer_norm, cfg.model.hidden_dropout_prob) == ("cpu_regime_30k", "pre", 0.0)
+        assert encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert list(cfg.trainer.export_fractions) == [0.125, 0.25, 0.5], label
+        assert cfg.trainer.max_steps % 8 == 0, label
+    assert budget(cfgs["electra"]) == pytest.approx(budget(bert), rel=0.01)  # the paper's FLOPs accounting
+    assert budget(cfgs["electra_4x"]) == pytest.approx(4 * budget(bert), rel=0.01)
+    assert cfgs["electra"].optim.lr == cfgs["electra_4x"].optim.lr == 5e-4 and bert.optim.lr == 2e-3
+    # Three pre-training seeds for the compared arms, one for the long curve: seven runs, not nine.
+    assert sorted(ctx.pretrain_jobs()) == sorted(
+        [PretrainJob(v, s) for v in ("bert", "electra") for s in (0, 1, 2)] + [PretrainJob("electra_4x", 0)])
+    assert ctx.spec.variant("none").random_init_of == "bert" and len(ctx.spec.seeds) >= 5
+    ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
+    ctx.write_finetune_config(ckpt)
+    ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
+    assert (ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("mean", 0.0, 4000)
+
+
+def test_a_variant_may_run_a_subset_of_the_pretraining_seeds(tmp_path, data_dir):
+    path = tmp_path / "s.yaml"
+    body = ("tasks: [rte]\npretrain_seeds: [0, 1]\npretrain: {model: tiny, trainer.max_steps: 2}\n"
+            "variants:\n  a: {objective: bert}\n  b: {objective: bert, trainer.max_steps: 4, pretrain_seeds: %s}\n")
+    path.write_text(body % "[1]")
+    spec = load_sweep(str(path))
+    assert (spec.variant("a").pretrain_seeds, spec.variant("b").pretrain_seeds) == (None, (1,))
+    assert "pretrain_seeds" not in spec.variant("b").pretrain  # not a pre-training override
+    ctx = context(str(path), None, tmp_path / "c", data_dir)
+    assert ctx.pretrain_jobs() == [PretrainJob("a", 0), PretrainJob("a", 1), PretrainJob("b", 1)]
+    ctx.write_pretrain_configs()
+    cfg = ctx.compose_pretrain(PretrainJob("b", 1))
+    assert list(cfg.sweep.seeds) == [1] and ctx.compose_pretrain(PretrainJob("a", 0)).sweep.seeds is None
+    path.write_text(body % "[2]")
+    with pytest.raises(SweepError, match=r"variant b has pretrain_seeds=\[2\], which must be a non-empty subset"):
+        load_sweep(str(path))
+
+
 def test_table5_at_cpu_scale_reuses_the_cpu_regime_runs_and_matches_their_compute(tmp_path, data_dir):
     from electra_ablate.tracking.identity import config_hash
 
