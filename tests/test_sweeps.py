@@ -61,7 +61,7 @@ def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_
         # Every checkpoint it fine-tunes is exported; a scale may export more (to keep the identity of another
         # sweep's runs, which it reuses: table5_efficiency at scale cpu).
         assert set(f for f in ctx.spec.checkpoints if f < 1) <= set(exported)
-        assert exported == [f for f in ctx.spec.checkpoints if f < 1] or cfg.preset == "cpu_regime"
+        assert exported == [f for f in ctx.spec.checkpoints if f < 1] or cfg.preset in ("cpu_regime", "cpu_regime_30k")
         for f in exported:  # every intermediate checkpoint falls on a whole step
             assert (f * cfg.trainer.max_steps) == int(f * cfg.trainer.max_steps), (v.label, f)
 
@@ -537,6 +537,38 @@ def test_the_30k_preset_sweep_compares_at_equal_compute_and_runs_electra_to_4x_o
     ctx.write_finetune_config(ckpt)
     ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
     assert (ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("mean", 0.0, 4000)
+
+
+# The ablation sweeps at the 30k preset: which arms must match which budget, and the runs they reuse.
+AT_30K = {"table5_efficiency": ("bert", {"bert": "bert", "electra": "electra"}),
+          "weight_sharing": ("bert", {}),
+          "generator_size": (None, {"d128-g1_4": "electra"}),  # equal steps, as the paper's Figure 3
+          "training_algorithms": ("joint", {"joint": "electra"})}
+
+
+@pytest.mark.parametrize("name", sorted(AT_30K))
+def test_the_ablation_sweeps_run_on_the_30k_preset_and_reuse_its_runs(name, tmp_path, data_dir):
+    from electra_ablate.tracking.identity import config_hash
+
+    ctx = context(name, "cpu_30k", tmp_path / "s", data_dir)
+    regime = context("cpu_regime_30k", "tiny", tmp_path / "cr", data_dir)
+    assert ctx.experiment == "cpu_regime_30k" and ctx.spec.report_name == f"{name}_cpu_30k"
+    reference, reused = AT_30K[name]
+    bert = regime.compose_pretrain(PretrainJob("bert", 0))
+    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.pretrained_variants}
+    target = budget(regime.compose_pretrain(PretrainJob("bert", 0)) if reference == "bert" else cfgs[reference]) \
+        if reference else None
+    for label, cfg in cfgs.items():
+        assert cfg.preset == "cpu_regime_30k" and encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert cfg.trainer.max_steps % 8 == 0, label
+        if target is not None:
+            assert budget(cfg) == pytest.approx(target, rel=0.01), label
+    if reference is None:
+        assert {cfg.trainer.max_steps for cfg in cfgs.values()} == {1832}
+    for label, theirs in reused.items():  # the same runs: found, not re-run
+        assert config_hash(cfgs[label]) == config_hash(regime.compose_pretrain(PretrainJob(theirs, 0))), label
+    assert any(v.random_init_of for v in ctx.spec.variants)  # the random-init floor
+    assert len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5
 
 
 def test_a_variant_may_run_a_subset_of_the_pretraining_seeds(tmp_path, data_dir):

@@ -2,6 +2,9 @@
 
 Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module
 joins those of the CPU-scale sweeps (`CPU_SCALE`) into one markdown table between two markers in README.md.
+Its verdicts stand under each named CPU preset side by side (`PRESETS`: `cpu_regime`, a 2k vocabulary and
+64-token sequences; `cpu_regime_30k`, BERT's 30k vocabulary and 128-token sequences), so that a reader sees which
+verdicts depend on the vocabulary; a preset none of whose reports is committed yet adds no columns.
 The report generator refreshes it whenever it writes one of those reports into the repository's `reports/`;
 `python -m electra_ablate.report.holds` rewrites it from the committed files, and `--check` only says whether
 it is current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
@@ -31,6 +34,17 @@ CPU_SCALE: tuple[tuple[str, str | None], ...] = (
     ("generator_size", "cpu"),
     ("training_algorithms", "cpu"),
 )
+# The same sweeps on the preset at the paper's vocabulary (conf/experiment/cpu_regime_30k.yaml).
+CPU_SCALE_30K: tuple[tuple[str, str | None], ...] = (
+    ("cpu_regime_30k", None),
+    ("table5_efficiency", "cpu_30k"),
+    ("weight_sharing", "cpu_30k"),
+    ("generator_size", "cpu_30k"),
+    ("training_algorithms", "cpu_30k"),
+)
+# (preset, what sets it apart, its reports), in the order of the table's columns.
+PRESETS = (("cpu_regime", "2k vocabulary, sequence 64", CPU_SCALE),
+           ("cpu_regime_30k", "30k vocabulary, sequence 128", CPU_SCALE_30K))
 START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
 END = "<!-- /what-holds-at-cpu-scale -->"
 RECORD = "verdicts.json"
@@ -86,9 +100,9 @@ def _pending(name: str, scale: str | None) -> dict:
     return {"sweep": spec.name, "scale": scale, "report": None, "claims": claims, "command": _command(name, scale)}
 
 
-def load_records(report_dir: Path) -> list[dict]:
+def load_records(report_dir: Path, sweeps: Sequence[tuple[str, str | None]] = CPU_SCALE) -> list[dict]:
     out = []
-    for name, scale in CPU_SCALE:
+    for name, scale in sweeps:
         stem = load_sweep(name, scale).report_name
         path = report_dir / stem / RECORD
         if not (report_dir / f"{stem}.md").is_file() or not path.is_file():
@@ -143,9 +157,10 @@ def _verdict(c: Mapping) -> str:
     return f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
 
 
-def table(records: Sequence[Mapping]) -> list[str]:
-    """The markdown between the markers: one row per claim. A claim two reports test on the same runs (the
-    same arms, estimate and interval: shared runs of one MLflow experiment) is listed once, with both reports."""
+def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str], list[str]]:
+    """Per claim of `records`: [claim, paper, verdict, interval, pre-training, seeds, reports], keyed by the claim,
+    its arms and its estimate (a claim two reports test on the same runs, with the same estimate, is one row with
+    both reports); and the lines on incomplete and not yet committed reports."""
     rows: dict[tuple, list] = {}
     pending, incomplete = [], []
     for r in records:
@@ -166,15 +181,54 @@ def table(records: Sequence[Mapping]) -> list[str]:
             paper = c["figure"] + (f": {c['paper']}" if c.get("paper") else "")
             rows[key] = [c["claim"], paper, _verdict(c), _interval(c),
                          _arms(c["arms"]) if c.get("arms") else "–", _seeds(c) if c.get("runs") else "–", link]
-    head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
-            "runs (pre-training x fine-tuning seeds)", "report"]
-    out = markdown_table(head, list(rows.values())).splitlines()
+    return rows, pending, incomplete
+
+
+def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
+    out = []
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:
         out += ["", "Not run yet (each sized at about 3 hours of two cores on its own, longer beside other work; "
                 "it resumes where it stopped):", "", *pending]
     return out
+
+
+def table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
+    """The markdown between the markers: one row per claim. `records` are the first preset's (PRESETS); with
+    `other`, the second preset's, of which at least one report is committed, each claim's verdict under both
+    presets side by side (a claim is the same where its text and arms are)."""
+    rows, pending, incomplete = _claim_rows(records)
+    if not any(r.get("report") for r in other):
+        head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
+                "runs (pre-training x fine-tuning seeds)", "report"]
+        return markdown_table(head, list(rows.values())).splitlines() + _notes(pending, incomplete)
+    second, pending2, incomplete2 = _claim_rows(other)
+    joined: dict[tuple, list] = {}
+    for (claim, better, worse, *_), cells in rows.items():
+        joined.setdefault((claim, better, worse), [cells, None])
+    for (claim, better, worse, *_), cells in second.items():
+        slot = joined.setdefault((claim, better, worse), [None, None])
+        if slot[1] is None:
+            slot[1] = cells
+    out_rows = []
+    for first, then in joined.values():
+        base = first or then
+        pair = [c or [None, None, "not in its sweeps", "–", "–", "–", "–"] for c in (first, then)]
+        out_rows.append([base[0], base[1], pair[0][2], pair[0][3], pair[1][2], pair[1][3],
+                         f"{pair[0][4]}; {pair[1][4]}", f"{pair[0][5]}; {pair[1][5]}",
+                         ", ".join(link for link in (pair[0][6], pair[1][6]) if link != "–")])
+    (p1, what1, _), (p2, what2, _) = PRESETS
+    head = ["claim", "paper (GLUE)", f"verdict: `{p1}` ({what1})", "Δ points [95% interval]",
+            f"verdict: `{p2}` ({what2})", "Δ points [95% interval]", f"pre-training per run ({p1}; {p2})",
+            f"runs, pre-training x fine-tuning seeds ({p1}; {p2})", "reports"]
+    return markdown_table(head, out_rows).splitlines() + _notes([*pending, *pending2], [*incomplete, *incomplete2])
+
+
+def current(report_dir: Path = REPO_ROOT / "reports") -> list[str]:
+    """The table of every preset's reports committed in `report_dir`."""
+    (_, _, first), (_, _, second) = PRESETS
+    return table(load_records(report_dir, first), load_records(report_dir, second))
 
 
 def replace_section(text: str, lines: Sequence[str], where: str = "README.md") -> str:
@@ -189,7 +243,7 @@ def replace_section(text: str, lines: Sequence[str], where: str = "README.md") -
 def sync(readme: Path = REPO_ROOT / "README.md", report_dir: Path = REPO_ROOT / "reports") -> bool:
     """Rewrite the README's table from the reports in `report_dir`; True when it changed."""
     text = readme.read_text()
-    new = replace_section(text, table(load_records(report_dir)), str(readme))
+    new = replace_section(text, current(report_dir), str(readme))
     if new != text:
         write_text(readme, new)
     return new != text
@@ -197,7 +251,8 @@ def sync(readme: Path = REPO_ROOT / "README.md", report_dir: Path = REPO_ROOT / 
 
 def is_cpu_scale(spec: SweepSpec) -> bool:
     """Whether `spec`'s report is one the table joins (same sweep, same report file)."""
-    return any(spec.name == name and spec.report_name == load_sweep(name, scale).report_name for name, scale in CPU_SCALE)
+    return any(spec.name == name and spec.report_name == load_sweep(name, scale).report_name
+               for _, _, sweeps in PRESETS for name, scale in sweeps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,10 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     readme, reports = REPO_ROOT / "README.md", REPO_ROOT / "reports"
     try:
         if args.check:
-            current = replace_section(readme.read_text(), table(load_records(reports))) == readme.read_text()
-            print("README.md: 'What holds at CPU scale' is current" if current else
+            is_current = replace_section(readme.read_text(), current(reports)) == readme.read_text()
+            print("README.md: 'What holds at CPU scale' is current" if is_current else
                   "README.md: 'What holds at CPU scale' is out of date; run `python -m electra_ablate.report.holds`")
-            return 0 if current else 1
+            return 0 if is_current else 1
         print(f"README.md: 'What holds at CPU scale' {'rewritten' if sync(readme, reports) else 'already current'}")
     except HoldsError as e:
         print(f"error: {e}", file=sys.stderr)
