@@ -20,7 +20,8 @@ from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData, is_missing
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
+from electra_ablate.report.stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, crossings, curve_runs, glue_of,
+                                         learning_curve, random_init_floors)
 from electra_ablate.report.tables import table
 
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
@@ -288,7 +289,34 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
               *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds",
               "degenerate runs"]
     out += [table(header, rows), ""]
-    return out
+    return out + _crossing_lines(spec, curve, random_init_floors(data))
+
+
+def _crossing_lines(spec, curve, floors: Mapping[str, float]) -> list[str]:
+    """Where each curve first reaches the random-init floor and the baseline's final median (the paper's Figure 4
+    asks where pre-training starts to pay): a reading of the medians above, not a verdict."""
+    if not floors:
+        return []
+    floor_label, floor = next(iter(floors.items()))
+    rows = crossings(curve, floor, spec.baseline)
+    if not rows:
+        return []
+    target = rows[0]["baseline"]
+    against = f" and {spec.baseline}'s final median ({fmt(target)})" if target is not None else ""
+    out = [f"Where each curve first reaches the random-init floor ({floor_label}'s median, {fmt(floor)}){against}, "
+           "by the medians above; a reading of the curve, not a verdict (the verdicts are the claims' intervals):", ""]
+    for r in rows:
+        parts = [f"the floor {_first(r['first_at_floor'], r)}"]
+        if target is not None:
+            parts.append(f"{spec.baseline}'s final {_first(r['first_above_baseline'], r)}")
+        out.append(f"- {r['variant']}: " + "; ".join(parts) + ".")
+    return out + [""]
+
+
+def _first(point: Mapping | None, r: Mapping) -> str:
+    if point is None:
+        return f"never, up to {r['last_flops']:.2g} FLOPs (its best median {fmt(r['best'])})"
+    return f"first at {point['flops']:.2g} FLOPs ({point['fraction']:g} of its steps: {fmt(point['glue'])})"
 
 
 # (column title, keys of arms.end_of_pretraining shown " / "-joined in its cells, factor, digits)
