@@ -69,7 +69,7 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
-            "throughput")
+            "throughput", "presets")
 
 
 def resolve_device(name: str) -> torch.device:
