@@ -281,8 +281,8 @@ def presets(rep: Report) -> list[str]:
          f"({rep.settings.warmup} warm-up and {rep.settings.piece_reps} timed steps each, medians), one thread, "
          f"so every ratio to `{base['preset']}`'s BERT step is taken under the same load. FLOPs: the paper's "
          "accounting per step.", "",
-         "| preset | objective | vocabulary | batch | s/step | tokens/s | time / its BERT step | FLOPs / its BERT step "
-         "| core-hours per 1,000 steps |", "|---|---|---|---|---|---|---|---|---|"]
+         f"| preset | objective | vocabulary | batch | s/step | tokens/s | time / `{base['preset']}` BERT step "
+         f"| FLOPs / `{base['preset']}` BERT step | core-hours per 1,000 steps |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         name = " ".join((f"`{r['preset']}`", *r["overrides"]))
         L.append(f"| {name} | {r['objective']} | {r['vocab']} | {r['batch'][0]} x {r['batch'][1]} | {fmt(r['step_s'])} "
