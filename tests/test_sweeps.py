@@ -401,6 +401,18 @@ def kinds(uri: str, experiment: str) -> dict[str, list]:
 
 
 @pytest.mark.slow
+def test_a_variant_with_fewer_pretraining_seeds_runs_only_those_in_the_multirun(tmp_path, data_dir, token_cache):
+    path = write_mini(tmp_path / "mini.yaml", {"long": {"objective": "bert", "optim.lr": 1.0e-4, "pretrain_seeds": [1]}})
+    out = run_cli(tmp_path, data_dir, token_cache, path, "phases=[pretrain]").stdout
+    assert "pretrain: 5 job(s) launched" in out
+    (line,) = [x for x in out.splitlines() if "electra_ablate.pretrain -m" in x]
+    assert " seed=0,1 +sweep_variant=electra,bert,long " in line  # one product, seed-major
+    pre = {(r.data.tags["variant"], r.data.tags["seed"]): r.info.status
+           for r in kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "mini")["pretrain"]}
+    assert pre == {(v, s): "FINISHED" for v in ("electra", "bert") for s in ("0", "1")} | {("long", "1"): "FINISHED"}
+
+
+@pytest.mark.slow
 def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
     write_mini(path, BROKEN)
