@@ -325,3 +325,22 @@ def test_throughput_section_times_both_attention_paths_and_every_layout(tmp_path
     assert layouts[-1]["cores_used"] == cores  # time-sliced jobs occupy the cores there are
     assert all(len(r["per_job"]) == r["jobs"] and r["tokens_per_cpu_hour"] > 0 for r in layouts)
     assert "## Tokens per CPU-hour at the sweep's shape" in out.read_text()
+
+
+def test_presets_section_times_every_preset_against_the_first_ones_bert_step(tmp_path, data_dir):
+    out = tmp_path / "presets.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "presets", "--override", "data.batch_size=4",
+            *[x for o in TINY for x in ("--override", o)], "--override", "model.max_position_embeddings=128"]
+    rep = cli.main(argv)
+    rows = [r for r in rep.throughput if r["kind"] == "preset"]
+    assert [(r["preset"], r["batch"][1], r["objective"]) for r in rows] == [
+        (p, t, o) for p, t in (("cpu_regime", 64), ("cpu_regime_30k", 64), ("cpu_regime_30k", 128))
+        for o in ("bert", "electra")]
+    bert_vocab = len((data_dir / "vocab" / "bert-base-uncased-vocab.txt").read_text().splitlines())
+    assert [r["vocab"] for r in rows] == [2000] * 2 + [bert_vocab] * 4  # a trained 2k vocabulary; BERT's uncased one
+    assert all(r["step_s"] > 0 and r["core_h_per_1k_steps"] > 0 for r in rows)
+    flops = {(r["preset"], r["batch"][1], r["objective"]): r["flops"] for r in rows}
+    assert flops[("cpu_regime_30k", 128, "bert")] > flops[("cpu_regime_30k", 64, "bert")] > flops[("cpu_regime", 64, "bert")]
+    text = out.read_text()
+    assert "## A step at each CPU preset" in text and f"| `cpu_regime_30k` data.max_seq_length=64 | electra | {bert_vocab} |" in text

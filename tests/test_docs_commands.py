@@ -371,6 +371,20 @@ COMMANDS: dict[str, Smoke | Skip] = {
                                        "(test_documented_command_composes), and the cpu_regime sweep's smoke runs "
                                        "the same presets end to end")
        for name in ("table5_efficiency", "weight_sharing", "generator_size", "training_algorithms")},
+    # docs/cpu_scale.md: the preset at the paper's vocabulary, its sweep, its step costs and its pilot
+    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k hydra/launcher=joblib hydra.launcher.n_jobs=2":
+        Skip("9-10 hours of two free cores; every job's config composes (test_documented_command_composes), and the "
+             "cpu_regime sweep's smoke runs the same pipeline end to end"),
+    **{f"OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep={name} scale=cpu_30k hydra/launcher=joblib "
+       "hydra.launcher.n_jobs=2": Skip("hours of two cores; every job's config composes "
+                                       "(test_documented_command_composes)")
+       for name in ("table5_efficiency", "weight_sharing", "generator_size", "training_algorithms")},
+    "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":
+        Skip("times the presets on the real corpus (minutes); tests/test_bench.py runs the section at test sizes"),
+    ("python -m electra_ablate.bench.pilot bert30k-s128 experiment=cpu_regime_30k objective=bert seed=0 "
+     "--out pilots/bert30k-s128.csv"):
+        Skip("the cpu_regime_30k sweep's seed-0 BERT run without its store (hours of a core); the lr5e-4 pilot "
+             "command runs the module at smoke scale"),
     # README: the paper's sweeps on GPUs and clusters
     "python -m electra_ablate.sweep sweep=table5_efficiency scale=base hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8":
         Skip(GPU + " (8, one job per GPU)"),

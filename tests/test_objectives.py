@@ -122,6 +122,52 @@ def test_electra_labels_a_sample_equal_to_the_original_as_original():
     assert torch.equal(fake.replaced, fake.masked.selected)
 
 
+def test_generator_accuracy_is_split_into_mask_and_kept_positions_so_copying_shows():
+    torch.manual_seed(0)
+    batch = make_batch(B=64, T=24)
+    obj = electra()
+
+    class Copier(torch.nn.Module):
+        """Predicts whatever token its input holds at each slot: right exactly where the original was kept."""
+        trainable = False
+
+        def masked_logits(self, input_ids, attention_mask, token_type_ids, positions):
+            return torch.nn.functional.one_hot(input_ids.gather(1, positions).reshape(-1), V).float() * 100
+
+    sums = obj.generator_sums(obj.corrupt(batch, Copier()), batch)
+    value = {k: (v[0] / v[1]).item() for k, v in sums.items()}
+    assert value["masked_lm_accuracy_at_kept"] == 1.0 and value["masked_lm_accuracy_at_mask"] == 0.0
+    assert 0.08 < value["masked_lm_accuracy"] < 0.25  # the 15% kept share: what the combined number hides
+    # The two shares add up to every used slot (no random replacement in ELECTRA's masking).
+    assert sums["masked_lm_accuracy_at_mask"][1] + sums["masked_lm_accuracy_at_kept"][1] == sums["masked_lm_accuracy"][1]
+
+    # A generator that knows the original everywhere scores 100% at both: the split is not of the input alone.
+    orig = batch.input_ids
+
+    class Oracle(Copier):
+        def masked_logits(self, input_ids, attention_mask, token_type_ids, positions):
+            return torch.nn.functional.one_hot(orig.gather(1, positions).reshape(-1), V).float() * 100
+
+    sums = obj.generator_sums(obj.corrupt(batch, Oracle()), batch)
+    assert all(v[0] == v[1] for k, v in sums.items() if k.startswith("masked_lm_accuracy"))
+    # A masking with no kept share logs no accuracy at kept positions rather than a 0 of nothing.
+    assert "masked_lm_accuracy_at_kept" not in electra(mask_token_prob=1.0).generator_sums(
+        electra(mask_token_prob=1.0).corrupt(batch, Copier()), batch)
+
+
+def test_bert_and_replace_mlm_log_the_split_of_the_network_that_sees_mask():
+    torch.manual_seed(0)
+    batch = make_batch()
+    bert = Bert("bert", SPECIAL, V, 0.15, 0.8, 0.1)
+    out = bert(batch, nets_for(bert))
+    assert {"masked_lm_accuracy_at_mask", "masked_lm_accuracy_at_kept"} <= set(out.sums)
+    replace = ReplaceMLM("replace_mlm", SPECIAL, V)
+    out = replace(batch, nets_for(replace))
+    # Its model never sees [MASK]: only its generator's accuracy is split.
+    assert {"gen_masked_lm_accuracy_at_mask", "gen_masked_lm_accuracy_at_kept"} <= set(out.sums)
+    assert "masked_lm_accuracy_at_mask" not in out.sums
+
+
 def test_electra_disc_loss_covers_all_non_pad_tokens_and_electra_15_only_selected():
     torch.manual_seed(0)
     batch = make_batch()
@@ -223,7 +269,8 @@ def test_replace_mlm_model_never_sees_mask_and_bert_uses_no_generator():
     assert (fake.masked.input_ids == SPECIAL.mask).any()  # the generator does see [MASK]
     assert not Bert.needs_generator and Bert.model_heads == {"mlm_head": True}
     out = Bert("bert", SPECIAL, V, 0.15, 0.8, 0.1)(batch, nets_for(Bert("bert", SPECIAL, V)))
-    assert set(out.sums) == {"loss", "mlm_loss", "masked_lm_accuracy"}
+    assert set(out.sums) == {"loss", "mlm_loss", "masked_lm_accuracy", "masked_lm_accuracy_at_mask",
+                             "masked_lm_accuracy_at_kept"}
 
 
 @pytest.mark.parametrize("cls", [UniformGenerator, UnigramGenerator])

@@ -50,6 +50,9 @@ def test_every_objective_lowers_its_loss_on_text(tmp_path, pretrain_cfg, objecti
         expected |= {"train/disc_loss", "train/disc_accuracy", "train/disc_precision", "train/disc_recall",
                      "train/disc_auc", "train/replaced_fraction", "train/sampled_masked_lm_accuracy"}
     assert expected <= set(run.data.metrics), expected - set(run.data.metrics)
+    # The network that sees [MASK] (BERT's encoder, or the generator) has its accuracy split by input.
+    assert {f"masked_lm_accuracy_at_{part}" for part in ("mask", "kept")} <= {
+        k.split("/")[1].removeprefix("gen_") for k in run.data.metrics}
     assert run.data.params["objective.name"] == objective
 
     # The fine-tunable network is saved where the tag says, with its heads and vocabulary.
@@ -131,3 +134,15 @@ def test_pretrained_networks_keep_their_generator(tmp_path, pretrain_cfg):
     assert info["generator"]["config"]["hidden_size"] == 32  # 0.5 x 64
     # sharing=embeddings: the saved generator carries the same embedding values as the discriminator.
     assert torch.equal(gen.electra.embeddings.word_embeddings.weight, disc.electra.embeddings.word_embeddings.weight)
+
+
+def test_a_seed_the_sweep_did_not_plan_for_the_variant_ends_with_no_run(tmp_path, pretrain_cfg):
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "optim.warmup_steps=0", "sweep.variant=long", "sweep.seeds=[0]",
+                       "seed=1")
+    assert pretrain.train(cfg) is None
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert not [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert not (tmp_path / "outputs" / "pretrain").exists()
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=2", "optim.warmup_steps=0", "sweep.variant=long", "sweep.seeds=[0]",
+                       "seed=0")
+    assert pretrain.train(cfg) is not None  # the planned seed trains

@@ -232,6 +232,39 @@ def test_the_random_init_floor_is_its_final_glue_of_task_medians():
     assert random_init_floors(data) == {"none": pytest.approx(glue_of({"sst2": 65.0, "rte": 50.0}))}
 
 
+def test_where_a_curve_reaches_the_random_init_band_and_the_baseline_is_read_off_its_medians():
+    from types import SimpleNamespace
+
+    from electra_ablate.report.markdown import _crossing_lines
+    from electra_ablate.report.stats import crossings, random_init_bands
+
+    # bert to 1x its budget; electra_4x to 4x bert's FLOPs: under the floor at first, over it at 1x, over bert at 4x.
+    curve = pd.DataFrame([("bert", f, 1e14 * f, g) for f, g in ((0.5, 64.0), (1.0, 69.0))] +
+                         [("electra_4x", f, 4e14 * f, g) for f, g in ((0.125, 60.0), (0.25, 66.5), (0.5, 68.0),
+                                                                       (1.0, 70.0))] +
+                         [("electra", f, 1e14 * f, g) for f, g in ((0.5, 61.0), (1.0, 62.0))],
+                         columns=["variant", "fraction", "flops", "glue"])
+    rows = {r["variant"]: r for r in crossings(curve, 66.0, "bert")}
+    assert set(rows) == {"electra_4x", "electra"}  # the baseline is what the others are read against
+    assert rows["electra_4x"]["first_at_floor"] == {"flops": 1e14, "fraction": 0.25, "glue": 66.5}
+    assert rows["electra_4x"]["first_above_baseline"] == {"flops": 4e14, "fraction": 1.0, "glue": 70.0}
+    assert rows["electra"]["first_at_floor"] is None and rows["electra"]["best"] == 62.0
+    spec = SimpleNamespace(baseline="bert")
+    lines = _crossing_lines(spec, curve, {"none": 66.0})
+    assert "- electra_4x: the floor first at 1e+14 FLOPs (0.25 of its steps: 66.5); bert's final first at 4e+14 " \
+           "FLOPs (1 of its steps: 70.0)." in lines
+    assert "- electra: the floor never, up to 1e+14 FLOPs (its best median 62.0); bert's final never, up to 1e+14 " \
+           "FLOPs (its best median 62.0)." in lines
+    assert _crossing_lines(spec, curve, {}) == []  # no random-init arm: nothing to cross
+
+    # The band: the random-init arm's median and the quartiles of its per-seed scores.
+    variants = [SimpleNamespace(label="bert", random_init_of=None), SimpleNamespace(label="none", random_init_of="bert")]
+    scores = pd.DataFrame({"variant": "none", "task": "sst2", "pretrain_seed": [0, 0, 0, 0, 1],
+                           "seed": [0, 1, 2, 3, 0], "score": [60.0, 62.0, 64.0, 66.0, 90.0], "final": True})
+    data = SimpleNamespace(ctx=SimpleNamespace(spec=SimpleNamespace(variants=variants)), scores=scores)
+    assert random_init_bands(data) == {"none": (64.0, 62.0, 66.0)}
+
+
 def test_report_files_are_written_whole(store, tmp_path):
     ctx, client, _ = store
     out = tmp_path / "reports"
@@ -314,7 +347,9 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
 
     # training_algorithms' arms; two_stage given a masked LM's metrics with a generator, as All-Tokens MLM logs
     states = [state("bert", mlm_loss=2.4, masked_lm_accuracy=0.50), state("bert", mlm_loss=2.5, masked_lm_accuracy=0.40),
-              state("joint", mlm_loss=4.8, masked_lm_accuracy=0.18, disc_auc=0.63, replaced_fraction=0.12),
+              state("joint", mlm_loss=4.8, masked_lm_accuracy=0.18, masked_lm_accuracy_at_mask=0.04,
+                    masked_lm_accuracy_at_kept=0.97, sampled_masked_lm_accuracy=0.16, disc_auc=0.63,
+                    disc_precision=0.40, disc_recall=0.05, replaced_fraction=0.12),
               state("two_stage", masked_lm_accuracy=0.22, gen_masked_lm_accuracy=0.29, replaced_fraction=0.11),
               SimpleNamespace(job=SimpleNamespace(variant="adversarial"), run=None)]  # not finished: no row
     joint = arms.end_of_pretraining(states[2].run)
@@ -323,6 +358,9 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
     spec = load_sweep("training_algorithms", "tiny")  # its scale with BERT's reference line
     rows = [line for line in "\n".join(end_of_pretraining_section(spec, states)).splitlines() if line.startswith("| ")]
     assert rows[0].endswith("| paper: generator's MLM accuracy |")  # paper Appendix F: joint 65, adversarial 58
-    assert rows[1:] == ["| joint | 1 | – | 18.0 | 0.630 | 12.0 | 65 |", "| two_stage | 1 | 22.0 | 29.0 | – | 11.0 | – |",
-                        "| bert | 2 | 45.0 | – | – | – | – |"]
+    # The generator copies: 97% where the original was kept, 4% at [MASK]; the discriminator's precision/recall.
+    assert joint["generator_mlm_accuracy_at_mask"] == 0.04 and joint["generator_mlm_accuracy_at_kept"] == 0.97
+    assert rows[1:] == ["| joint | 1 | – | 18.0 / 4.0 / 97.0 | 16.0 | 0.630 | 40.0 / 5.0 | 12.0 | 65 |",
+                        "| two_stage | 1 | 22.0 / – / – | 29.0 / – / – | – | – | – | 11.0 | – |",
+                        "| bert | 2 | 45.0 / – / – | – | – | – | – | – | – |"]
     assert end_of_pretraining_section(spec, states[4:]) == []

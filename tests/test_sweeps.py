@@ -61,7 +61,7 @@ def test_every_sweep_composes_with_existing_options(name, scale, tmp_path, data_
         # Every checkpoint it fine-tunes is exported; a scale may export more (to keep the identity of another
         # sweep's runs, which it reuses: table5_efficiency at scale cpu).
         assert set(f for f in ctx.spec.checkpoints if f < 1) <= set(exported)
-        assert exported == [f for f in ctx.spec.checkpoints if f < 1] or cfg.preset == "cpu_regime"
+        assert exported == [f for f in ctx.spec.checkpoints if f < 1] or cfg.preset in ("cpu_regime", "cpu_regime_30k")
         for f in exported:  # every intermediate checkpoint falls on a whole step
             assert (f * cfg.trainer.max_steps) == int(f * cfg.trainer.max_steps), (v.label, f)
 
@@ -450,6 +450,18 @@ def kinds(uri: str, experiment: str) -> dict[str, list]:
 
 
 @pytest.mark.slow
+def test_a_variant_with_fewer_pretraining_seeds_runs_only_those_in_the_multirun(tmp_path, data_dir, token_cache):
+    path = write_mini(tmp_path / "mini.yaml", {"long": {"objective": "bert", "optim.lr": 1.0e-4, "pretrain_seeds": [1]}})
+    out = run_cli(tmp_path, data_dir, token_cache, path, "phases=[pretrain]").stdout
+    assert "pretrain: 5 job(s) launched" in out
+    (line,) = [x for x in out.splitlines() if "electra_ablate.pretrain -m" in x]
+    assert " seed=0,1 +sweep_variant=electra,bert,long " in line  # one product, seed-major
+    pre = {(r.data.tags["variant"], r.data.tags["seed"]): r.info.status
+           for r in kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "mini")["pretrain"]}
+    assert pre == {(v, s): "FINISHED" for v in ("electra", "bert") for s in ("0", "1")} | {("long", "1"): "FINISHED"}
+
+
+@pytest.mark.slow
 def test_miniature_sweep_end_to_end_with_the_basic_launcher(tmp_path, data_dir, token_cache):
     path = tmp_path / "mini.yaml"
     write_mini(path, BROKEN)
@@ -562,6 +574,80 @@ def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, 
     assert ft.glue_data.max_train_examples == 4000
     spec = load_sweep("cpu_regime")
     assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5
+
+
+def test_the_30k_preset_sweep_compares_at_equal_compute_and_runs_electra_to_4x_on_one_seed(tmp_path, data_dir):
+    ctx = context("cpu_regime_30k", "tiny", tmp_path, data_dir)
+    cfgs = {v: ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "electra", "electra_4x")}
+    bert = cfgs["bert"]
+    assert (bert.data.train_vocab_size, bert.data.max_seq_length, bert.trainer.max_steps) == (0, 128, 3000)
+    assert bert.data.batch_size * bert.data.max_seq_length * bert.trainer.max_steps == 49_152_000  # cpu_regime's
+    for label, cfg in cfgs.items():
+        assert (cfg.preset, cfg.model.layer_norm, cfg.model.hidden_dropout_prob) == ("cpu_regime_30k", "pre", 0.0)
+        assert encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert list(cfg.trainer.export_fractions) == [0.125, 0.25, 0.5], label
+        assert cfg.trainer.max_steps % 8 == 0, label
+    assert budget(cfgs["electra"]) == pytest.approx(budget(bert), rel=0.01)  # the paper's FLOPs accounting
+    assert budget(cfgs["electra_4x"]) == pytest.approx(4 * budget(bert), rel=0.01)
+    assert cfgs["electra"].optim.lr == cfgs["electra_4x"].optim.lr == 5e-4 and bert.optim.lr == 2e-3
+    # Three pre-training seeds for the compared arms, one for the long curve: seven runs, not nine.
+    assert sorted(ctx.pretrain_jobs()) == sorted(
+        [PretrainJob(v, s) for v in ("bert", "electra") for s in (0, 1, 2)] + [PretrainJob("electra_4x", 0)])
+    assert ctx.spec.variant("none").random_init_of == "bert" and len(ctx.spec.seeds) >= 5
+    ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
+    ctx.write_finetune_config(ckpt)
+    ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
+    assert (ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("mean", 0.0, 4000)
+
+
+# The ablation sweeps at the 30k preset: which arms must match which budget, and the runs they reuse.
+AT_30K = {"table5_efficiency": ("bert", {"bert": "bert", "electra": "electra"}),
+          "weight_sharing": ("bert", {}),
+          "generator_size": (None, {"d128-g1_4": "electra"}),  # equal steps, as the paper's Figure 3
+          "training_algorithms": ("joint", {"joint": "electra"})}
+
+
+@pytest.mark.parametrize("name", sorted(AT_30K))
+def test_the_ablation_sweeps_run_on_the_30k_preset_and_reuse_its_runs(name, tmp_path, data_dir):
+    from electra_ablate.tracking.identity import config_hash
+
+    ctx = context(name, "cpu_30k", tmp_path / "s", data_dir)
+    regime = context("cpu_regime_30k", "tiny", tmp_path / "cr", data_dir)
+    assert ctx.experiment == "cpu_regime_30k" and ctx.spec.report_name == f"{name}_cpu_30k"
+    reference, reused = AT_30K[name]
+    bert = regime.compose_pretrain(PretrainJob("bert", 0))
+    cfgs = {v.label: ctx.compose_pretrain(PretrainJob(v.label, 0)) for v in ctx.spec.pretrained_variants}
+    target = budget(regime.compose_pretrain(PretrainJob("bert", 0)) if reference == "bert" else cfgs[reference]) \
+        if reference else None
+    for label, cfg in cfgs.items():
+        assert cfg.preset == "cpu_regime_30k" and encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        assert cfg.trainer.max_steps % 8 == 0, label
+        if target is not None:
+            assert budget(cfg) == pytest.approx(target, rel=0.01), label
+    if reference is None:
+        assert {cfg.trainer.max_steps for cfg in cfgs.values()} == {1832}
+    for label, theirs in reused.items():  # the same runs: found, not re-run
+        assert config_hash(cfgs[label]) == config_hash(regime.compose_pretrain(PretrainJob(theirs, 0))), label
+    assert any(v.random_init_of for v in ctx.spec.variants)  # the random-init floor
+    assert len(ctx.spec.pretrain_seeds) >= 2 and len(ctx.spec.seeds) >= 5
+
+
+def test_a_variant_may_run_a_subset_of_the_pretraining_seeds(tmp_path, data_dir):
+    path = tmp_path / "s.yaml"
+    body = ("tasks: [rte]\npretrain_seeds: [0, 1]\npretrain: {model: tiny, trainer.max_steps: 2}\n"
+            "variants:\n  a: {objective: bert}\n  b: {objective: bert, trainer.max_steps: 4, pretrain_seeds: %s}\n")
+    path.write_text(body % "[1]")
+    spec = load_sweep(str(path))
+    assert (spec.variant("a").pretrain_seeds, spec.variant("b").pretrain_seeds) == (None, (1,))
+    assert "pretrain_seeds" not in spec.variant("b").pretrain  # not a pre-training override
+    ctx = context(str(path), None, tmp_path / "c", data_dir)
+    assert ctx.pretrain_jobs() == [PretrainJob("a", 0), PretrainJob("a", 1), PretrainJob("b", 1)]
+    ctx.write_pretrain_configs()
+    cfg = ctx.compose_pretrain(PretrainJob("b", 1))
+    assert list(cfg.sweep.seeds) == [1] and ctx.compose_pretrain(PretrainJob("a", 0)).sweep.seeds is None
+    path.write_text(body % "[2]")
+    with pytest.raises(SweepError, match=r"variant b has pretrain_seeds=\[2\], which must be a non-empty subset"):
+        load_sweep(str(path))
 
 
 def test_table5_at_cpu_scale_reuses_the_cpu_regime_runs_and_matches_their_compute(tmp_path, data_dir):

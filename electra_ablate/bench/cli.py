@@ -39,6 +39,7 @@ from electra_ablate.bench.measure import memory_probe
 from electra_ablate.bench.render import render
 from electra_ablate.bench.sections_checks import section_equal, section_memory, section_sync
 from electra_ablate.bench.sections_pipeline import section_build, section_data, section_finetune
+from electra_ablate.bench.sections_presets import section_presets
 from electra_ablate.bench.sections_throughput import section_throughput, throughput_probe
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
@@ -169,6 +170,8 @@ def run(s: Settings) -> Report:
         section_build(s, rep)
     if "throughput" in s.sections:
         section_throughput(s, rep)
+    if "presets" in s.sections:
+        section_presets(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "

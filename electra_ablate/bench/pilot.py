@@ -1,10 +1,11 @@
 """A pre-training pilot judged on its curve alone: trained exactly as `python -m electra_ablate.pretrain` trains
 (training/build.py builds the data, the networks, the algorithm and the Trainer from the same config), but without
-the run store: nothing goes to MLflow, nothing is exported, and every train/* window (MLM loss and accuracy, the
-discriminator's loss, accuracy and ROC AUC, the replaced share, loss, tokens/s, learning rate) is written to a CSV
-as it closes. Pilots say which settings leave a plateau before a sweep spends its compute on them; several run side
-by side, one process each, on any machine with the project's Python packages and torch (MLflow is not needed), a
-lent GPU machine too.
+the run store: nothing goes to MLflow, nothing is exported, and every train/* window (MLM loss and accuracy, also
+at [MASK] and at kept positions, the sampled token's accuracy, the discriminator's loss, accuracy, precision,
+recall and ROC AUC, the replaced share, loss, tokens/s, learning rate) is written to a CSV as it closes.
+Pilots say which settings leave a plateau before a sweep spends its compute on them; several run side by side, one
+process each, on any machine with the project's Python packages and torch (MLflow is not needed), a lent GPU
+machine too.
 
 `python -m electra_ablate.bench.pilot NAME <pre-training overrides> [--out CSV] [--cache DIR]`
 
@@ -33,8 +34,9 @@ from electra_ablate.data.cache import load_cache
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.training import build
 
-METRICS = ("mlm_loss", "masked_lm_accuracy", "disc_loss", "disc_accuracy", "disc_auc", "replaced_fraction", "loss",
-           "tokens_per_s", "mfu", "lr")
+METRICS = ("mlm_loss", "masked_lm_accuracy", "masked_lm_accuracy_at_mask", "masked_lm_accuracy_at_kept",
+           "sampled_masked_lm_accuracy", "disc_loss", "disc_accuracy", "disc_precision", "disc_recall", "disc_auc",
+           "replaced_fraction", "loss", "tokens_per_s", "mfu", "lr")
 COLUMNS = ("name", "step", "tokens", "seconds", *METRICS)
 # The cache entry's settings (meta.json) that must be the data config's, as data.<key>.
 CACHE_KEYS = ("max_seq_length", "train_vocab_size", "max_docs", "lowercase")

@@ -18,8 +18,8 @@ TARGETS = {"tiny": (3.0, None), "small": (2.0, 0.5)}
 def render(rep: Report) -> str:
     """The whole file: every section the run measured, in order, joined by newlines."""
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
-             sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory, sections.syncs,
-             sections.corpus_build, sections.throughput, sections.notes)
+             sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory,
+             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 
 
@@ -49,7 +49,7 @@ def _header(rep: Report) -> list[str]:
 
 
 # Sections that say how they time in their own text; the header's timing line is about the others.
-OWN_TIMING = {"build", "throughput"}
+OWN_TIMING = {"build", "throughput", "presets"}
 
 
 def _timing(rep: Report) -> list[str]:

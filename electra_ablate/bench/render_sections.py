@@ -270,10 +270,32 @@ def corpus_build(rep: Report) -> list[str]:
     return L
 
 
+def presets(rep: Report) -> list[str]:
+    rows = [r for r in rep.throughput if r["kind"] == "preset"]
+    if not rows:
+        return []
+    base = next(r for r in rows if r["objective"] == "bert")  # the first preset's BERT step (sections_presets)
+    L = ["## A step at each CPU preset", "",
+         "Pre-training steps at the shape of each named preset (conf/experiment/; the overrides beside it as given), "
+         "at the runtime default precision, interleaved step by step on each preset's own batches "
+         f"({rep.settings.warmup} warm-up and {rep.settings.piece_reps} timed steps each, medians), one thread, "
+         f"so every ratio to `{base['preset']}`'s BERT step is taken under the same load. FLOPs: the paper's "
+         "accounting per step.", "",
+         f"| preset | objective | vocabulary | batch | s/step | tokens/s | time / `{base['preset']}` BERT step "
+         f"| FLOPs / `{base['preset']}` BERT step | core-hours per 1,000 steps |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = " ".join((f"`{r['preset']}`", *r["overrides"]))
+        L.append(f"| {name} | {r['objective']} | {r['vocab']} | {r['batch'][0]} x {r['batch'][1]} | {fmt(r['step_s'])} "
+                 f"| {r['tokens_per_s']:.0f} | {r['step_s'] / base['step_s']:.2f}x | {r['flops'] / base['flops']:.2f}x "
+                 f"| {r['core_h_per_1k_steps']:.2f} |")
+    L.append("")
+    return L
+
+
 def throughput(rep: Report) -> list[str]:
     attention = [r for r in rep.throughput if r["kind"] == "attention"]
     layouts = [r for r in rep.throughput if r["kind"] == "layout"]
-    if not rep.throughput:
+    if not attention and not layouts:
         return []
     exp = rep.settings.throughput_experiment
     L = ["## Tokens per CPU-hour at the sweep's shape", "",

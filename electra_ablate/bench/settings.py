@@ -69,7 +69,7 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
-            "throughput", "capture", "loop")
+            "throughput", "presets", "capture", "loop")
 # The sections a plain `python -m electra_ablate.bench` runs: capture and loop compile and train, for the GPU check
 # (scripts/gpu_check.sh) or on request.
 DEFAULT_SECTIONS = SECTIONS[:-2]

@@ -58,7 +58,7 @@ class AllTokensMLM(GeneratorObjective):
             "loss": ratio(loss, 1),
             "mlm_loss": ratio(model_loss, 1),
             "masked_lm_accuracy": ratio(((pred == targets) & selected).sum(), selected.sum()),
-            "gen_masked_lm_accuracy": gen["masked_lm_accuracy"],
+            **{f"gen_{k}": v for k, v in gen.items() if k.startswith("masked_lm_accuracy")},  # the generator's
             "sampled_masked_lm_accuracy": gen["sampled_masked_lm_accuracy"],
             "replaced_fraction": ratio(fake.replaced.sum(), weights.sum()),
         }

@@ -145,6 +145,28 @@ def rtd_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) 
     return (losses * w).sum() / (w.sum() + 1e-6)
 
 
+def copy_split_sums(correct: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+                    special: SpecialIds, mask_token_prob: float, random_token_prob: float,
+                    prefix: str = "masked_lm_accuracy") -> dict[str, torch.Tensor]:
+    """A masked LM's accuracy where its input was [MASK] and where its input kept the original token, apart.
+
+    All tensors are (N,) over the prediction slots: `correct` the prediction's hits, `inputs` the token the
+    network saw there, `targets` the original, `weights` the used slots. At a kept position copying the input is
+    right, so a network that only copies scores 100% there and ~0 at [MASK]; the combined accuracy (the
+    reference's `masked_lm_accuracy`) mixes the two in the masking's proportions (ELECTRA's 85/15: copying alone
+    scores ~15%). A slot whose random replacement drew the original counts as kept: copying it is right too.
+    A share the masking never produces (mask_token_prob 0; no kept share) is left out rather than logged as 0.
+    """
+    out = {}
+    if mask_token_prob > 0:
+        at_mask = weights & (inputs == special.mask)
+        out[f"{prefix}_at_mask"] = ratio((correct & at_mask).sum(), at_mask.sum())
+    if mask_token_prob + random_token_prob < 1:
+        kept = weights & (inputs == targets)
+        out[f"{prefix}_at_kept"] = ratio((correct & kept).sum(), kept.sum())
+    return out
+
+
 def disc_sums(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
     """Accuracy, precision, recall and replaced fraction of the discriminator as (sum, count) pairs."""
     w = weights
@@ -310,7 +332,12 @@ class GeneratorObjective(Objective):
         weights = slots.flat(fake.masked.positions.weights)
         targets = slots.flat(fake.masked.targets)
         n = weights.sum()
+        inputs = slots.flat(slots.gather(fake.masked.input_ids, fake.masked.positions.index))  # what the generator saw
+        # Reference metric_fn: `masked_lm_accuracy` of the generator's argmax, `sampled_masked_lm_accuracy` of its
+        # sample, both over the masked_lm_weights; the split by input is this project's (copying vs learning).
         return {
             "masked_lm_accuracy": ratio((fake.gen_correct & weights).sum(), n),
+            **copy_split_sums(fake.gen_correct, inputs, targets, weights, self.special, self.mask_token_prob,
+                              self.random_token_prob),
             "sampled_masked_lm_accuracy": ratio(((fake.sampled == targets) & weights).sum(), n),
         }

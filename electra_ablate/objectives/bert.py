@@ -9,7 +9,7 @@ from __future__ import annotations
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives import positions as slots
-from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, mlm_loss, ratio
+from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, copy_split_sums, mlm_loss, ratio
 
 
 class Bert(Objective):
@@ -23,8 +23,12 @@ class Bert(Objective):
         logits = self.slot_logits(nets.model.mlm_logits, hidden, masked)  # (B x N, V): prediction slots only
         targets, weights = slots.flat(masked.targets), slots.flat(masked.positions.weights)
         loss = mlm_loss(logits, targets, weights)
-        correct = ((logits.detach().argmax(-1) == targets) & weights).sum()
+        hits = logits.detach().argmax(-1) == targets  # (B x N,)
+        inputs = slots.flat(slots.gather(masked.input_ids, masked.positions.index))
         return ObjectiveOutput(
             loss,
-            {"loss": ratio(loss, 1), "mlm_loss": ratio(loss, 1), "masked_lm_accuracy": ratio(correct, weights.sum())},
+            {"loss": ratio(loss, 1), "mlm_loss": ratio(loss, 1),
+             "masked_lm_accuracy": ratio((hits & weights).sum(), weights.sum()),
+             **copy_split_sums(hits, inputs, targets, weights, self.special, self.mask_token_prob,
+                               self.random_token_prob)},
         )

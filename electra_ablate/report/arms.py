@@ -139,15 +139,19 @@ def scale_sentences(results, scale: Mapping[str, str]) -> list[str]:
 def end_of_pretraining(run) -> dict[str, float | None]:
     """What one finished pre-training run reached in its last logged window (train metrics averaged over the
     window's batches): the encoder's masked-LM accuracy where the encoder is a masked LM (BERT, Replace MLM,
-    All-Tokens MLM: at the masked positions), the generator's where there is one, and the discriminator's
-    ROC AUC and replaced share where there is a discriminator. None where the objective has no such number."""
+    All-Tokens MLM: at the masked positions), the generator's where there is one, each also apart at the
+    positions whose input was [MASK] and those that kept the original (where copying the input is right); the
+    generator's sampled accuracy; the discriminator's ROC AUC, precision, recall and replaced share where there
+    is a discriminator. None where the objective has no such number (or the run predates it)."""
     m = run.data.metrics
-    acc = m.get("train/masked_lm_accuracy")
     detector = "train/disc_auc" in m  # ELECTRA's objectives: masked_lm_accuracy is then the generator's
-    generator = m.get("train/gen_masked_lm_accuracy", acc if detector else None)
-    return {"encoder_mlm_accuracy": None if detector else acc, "generator_mlm_accuracy": generator,
-            "disc_auc": m.get("train/disc_auc"), "replaced_fraction": m.get("train/replaced_fraction")}
-
+    own = {part: m.get(f"train/masked_lm_accuracy{part}") for part in ("", "_at_mask", "_at_kept")}
+    gen = {part: m.get(f"train/gen_masked_lm_accuracy{part}", own[part] if detector else None) for part in own}
+    out = {f"encoder_mlm_accuracy{part}": None if detector else own[part] for part in own}
+    out |= {f"generator_mlm_accuracy{part}": gen[part] for part in gen}
+    return out | {"sampled_mlm_accuracy": m.get("train/sampled_masked_lm_accuracy"),
+                  "disc_auc": m.get("train/disc_auc"), "disc_precision": m.get("train/disc_precision"),
+                  "disc_recall": m.get("train/disc_recall"), "replaced_fraction": m.get("train/replaced_fraction")}
 
 
 COLLAPSE_DOC = "docs/cpu_scale.md"

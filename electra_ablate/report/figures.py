@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from electra_ablate.report.collect import SweepData
-from electra_ablate.report.markdown import short_glue
+from electra_ablate.report.markdown import TASK_NAMES, short_glue
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
-from electra_ablate.report.stats import Summary, generator_size_points, learning_curve, random_init_floors
+from electra_ablate.report.stats import Summary, generator_size_points, learning_curve, random_init_bands, random_init_floors
 
 
 def _pyplot():
@@ -106,13 +106,16 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
         if by_fraction:
             bx.plot([float(f) for f in by_fraction], list(by_fraction.values()), ls="--", marker="x", color=color,
                     label=f"{variant} (paper)")
-    for label, floor in random_init_floors(data).items():  # the floor every curve has to clear
-        for axis in (ax, bx):
+    for label, (floor, low, high) in random_init_bands(data).items():  # the floor every curve has to clear
+        for axis in (ax, bx):  # its median and the quartiles of its runs, as the paper's Figure 4 shades it
             axis.axhline(floor, ls=":", color="0.4", label=f"{label} (no pre-training)")
+            axis.axhspan(low, high, color="0.5", alpha=0.15, lw=0)
+    tasks = sorted(set(data.scores["task"])) if len(data.scores) else []
+    score = TASK_NAMES[tasks[0]] if len(tasks) == 1 else short_glue(tasks)
     ax.set_xscale("log")
     ax.set_xlabel("pre-training FLOPs (paper accounting)")
-    ax.set_ylabel("GLUE dev (median)")
-    ax.set_title("GLUE vs pre-training compute")
+    ax.set_ylabel(f"{score} dev (median)")
+    ax.set_title(f"{score} vs pre-training compute")
     bx.set_xscale("log", base=2)
     bx.set_xlabel("fraction of pre-training steps")
     bx.set_title("vs fraction of training (paper: dashed)")

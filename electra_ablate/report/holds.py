@@ -3,7 +3,10 @@
 Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module
 joins those of the CPU-scale sweeps (`CPU_SCALE`) into two markdown tables between markers: a short one in
 README.md (claim, verdict, difference, report; the sanity checks against random init folded into one row) and
-the full one in docs/cpu_scale.md (the paper's numbers, each arm's pre-training, seeds). The report generator
+the full one in docs/cpu_scale.md (the paper's numbers, each arm's pre-training, seeds). Both show each claim's
+verdict under each named CPU preset side by side (`PRESETS`: `cpu_regime`, a 2k vocabulary and 64-token
+sequences; `cpu_regime_30k`, BERT's 30k vocabulary and 128-token sequences), so that a reader sees which verdicts
+depend on the vocabulary; a preset none of whose reports is committed yet adds no columns. The report generator
 refreshes both whenever it writes one of those reports into the repository's `reports/`;
 `python -m electra_ablate.report.holds` rewrites them from the committed files, and `--check` only says whether
 they are current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
@@ -34,6 +37,17 @@ CPU_SCALE: tuple[tuple[str, str | None], ...] = (
     ("generator_size", "cpu"),
     ("training_algorithms", "cpu"),
 )
+# The same sweeps on the preset at the paper's vocabulary (conf/experiment/cpu_regime_30k.yaml).
+CPU_SCALE_30K: tuple[tuple[str, str | None], ...] = (
+    ("cpu_regime_30k", None),
+    ("table5_efficiency", "cpu_30k"),
+    ("weight_sharing", "cpu_30k"),
+    ("generator_size", "cpu_30k"),
+    ("training_algorithms", "cpu_30k"),
+)
+# (preset, what sets it apart, its reports), in the order of the table's columns.
+PRESETS = (("cpu_regime", "2k vocabulary, sequence 64", CPU_SCALE),
+           ("cpu_regime_30k", "30k vocabulary, sequence 128", CPU_SCALE_30K))
 START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
 END = "<!-- /what-holds-at-cpu-scale -->"
 DETAIL_START = START.replace("what-holds-at-cpu-scale:", "what-holds-at-cpu-scale-in-full:")
@@ -93,9 +107,9 @@ def _pending(name: str, scale: str | None) -> dict:
     return {"sweep": spec.name, "scale": scale, "report": None, "claims": claims, "command": _command(name, scale)}
 
 
-def load_records(report_dir: Path) -> list[dict]:
+def load_records(report_dir: Path, sweeps: Sequence[tuple[str, str | None]] = CPU_SCALE) -> list[dict]:
     out = []
-    for name, scale in CPU_SCALE:
+    for name, scale in sweeps:
         stem = load_sweep(name, scale).report_name
         path = report_dir / stem / RECORD
         if not (report_dir / f"{stem}.md").is_file() or not path.is_file():
@@ -150,9 +164,10 @@ def _verdict(c: Mapping) -> str:
     return f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
 
 
-def table(records: Sequence[Mapping]) -> list[str]:
-    """The markdown between the markers: one row per claim. A claim two reports test on the same runs (the
-    same arms, estimate and interval: shared runs of one MLflow experiment) is listed once, with both reports."""
+def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str], list[str]]:
+    """Per claim of `records`: [claim, paper, verdict, interval, pre-training, seeds, reports], keyed by the claim,
+    its arms and its estimate (a claim two reports test on the same runs, with the same estimate, is one row with
+    both reports); and the lines on incomplete and not yet committed reports."""
     rows: dict[tuple, list] = {}
     pending, incomplete = [], []
     for r in records:
@@ -173,9 +188,11 @@ def table(records: Sequence[Mapping]) -> list[str]:
             paper = c["figure"] + (f": {c['paper']}" if c.get("paper") else "")
             rows[key] = [c["claim"], paper, _verdict(c), _interval(c),
                          _arms(c["arms"]) if c.get("arms") else "–", _seeds(c) if c.get("runs") else "–", link]
-    head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
-            "runs (pre-training x fine-tuning seeds)", "report"]
-    out = markdown_table(head, list(rows.values())).splitlines()
+    return rows, pending, incomplete
+
+
+def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
+    out = []
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:
@@ -184,9 +201,46 @@ def table(records: Sequence[Mapping]) -> list[str]:
     return out
 
 
-def summary_table(records: Sequence[Mapping]) -> list[str]:
-    """The README's table: claim, verdict, difference and report, one row per claim (the same runs once); the
-    sanity checks, each pre-trained arm against random init, folded into one row that counts the verdicts."""
+def table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
+    """The markdown between the markers: one row per claim. `records` are the first preset's (PRESETS); with
+    `other`, the second preset's, of which at least one report is committed, each claim's verdict under both
+    presets side by side (a claim is the same where its text and arms are)."""
+    rows, pending, incomplete = _claim_rows(records)
+    if not any(r.get("report") for r in other):
+        head = ["claim", "paper (GLUE)", "verdict here", "Δ points [95% interval]", "pre-training per run",
+                "runs (pre-training x fine-tuning seeds)", "report"]
+        return markdown_table(head, list(rows.values())).splitlines() + _notes(pending, incomplete)
+    second, pending2, incomplete2 = _claim_rows(other)
+    joined: dict[tuple, list] = {}
+    for (claim, better, worse, *_), cells in rows.items():
+        joined.setdefault((claim, better, worse), [cells, None])
+    for (claim, better, worse, *_), cells in second.items():
+        slot = joined.setdefault((claim, better, worse), [None, None])
+        if slot[1] is None:
+            slot[1] = cells
+    out_rows = []
+    for first, then in joined.values():
+        base = first or then
+        pair = [c or [None, None, "not in its sweeps", "–", "–", "–", "–"] for c in (first, then)]
+        out_rows.append([base[0], base[1], pair[0][2], pair[0][3], pair[1][2], pair[1][3],
+                         f"{pair[0][4]}; {pair[1][4]}", f"{pair[0][5]}; {pair[1][5]}",
+                         ", ".join(link for link in (pair[0][6], pair[1][6]) if link != "–")])
+    (p1, what1, _), (p2, what2, _) = PRESETS
+    head = ["claim", "paper (GLUE)", f"verdict: `{p1}` ({what1})", "Δ points [95% interval]",
+            f"verdict: `{p2}` ({what2})", "Δ points [95% interval]", f"pre-training per run ({p1}; {p2})",
+            f"runs, pre-training x fine-tuning seeds ({p1}; {p2})", "reports"]
+    return markdown_table(head, out_rows).splitlines() + _notes([*pending, *pending2], [*incomplete, *incomplete2])
+
+
+def current(report_dir: Path = REPO_ROOT / "reports") -> list[str]:
+    """The table of every preset's reports committed in `report_dir`."""
+    (_, _, first), (_, _, second) = PRESETS
+    return table(load_records(report_dir, first), load_records(report_dir, second))
+
+
+def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list | None]:
+    """One preset's README cells: (claim, better, worse) -> [verdict, interval, reports] (a claim on the same runs
+    once), and the sanity checks against random init folded into one [claim, verdict counts, spread, reports]."""
     rows: dict[tuple, list] = {}
     sanity: dict[tuple, tuple[str, float | None]] = {}  # (arm, estimate) -> (verdict, estimate)
     sanity_links: list[str] = []
@@ -194,30 +248,49 @@ def summary_table(records: Sequence[Mapping]) -> list[str]:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else f"not run yet: `{r['command']}`"
         for c in r["claims"]:
             if c["claim"].startswith(SANITY):
-                if c["verdict"] in ("not run yet", "not run"):
-                    continue  # the sweep's own row says how to run it
-                sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
-                sanity_links += [link] if link not in sanity_links else []
+                if c["verdict"] not in ("not run yet", "not run"):  # else the sweep's own rows say how to run it
+                    sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
+                    sanity_links += [link] if link not in sanity_links else []
                 continue
-            key = (c["claim"], tuple(c["better"]), tuple(c["worse"]), c.get("estimate"))
-            if key in rows and c.get("estimate") is not None:
-                rows[key][-1] += f", {link}"
+            key = (c["claim"], tuple(c["better"]), tuple(c["worse"]))
+            if key in rows:
+                if c.get("estimate") is not None and link not in rows[key][-1]:
+                    rows[key][-1] += f", {link}"
                 continue
             interval = "–" if c.get("estimate") is None else \
                 f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
-            rows[key] = [c["claim"], f"**{c['verdict']}**", interval, link]
-    out = list(rows.values())
-    if sanity:
-        counts: dict[str, list[str]] = {}
-        for (better, _), (verdict, _) in sanity.items():
-            counts.setdefault(verdict, []).append("/".join(better))
-        said = "; ".join(f"**{v}** for {len(arms)}" + (f" ({', '.join(arms)})" if len(arms) <= 2 else "")
-                         for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
-        estimates = [e for _, e in sanity.values() if e is not None]
-        spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
-        out.append([f"{SANITY} (each pre-trained arm against random init of its shape: {len(sanity)} comparisons)", said,
-                    spread, ", ".join(sanity_links)])
-    return markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], out).splitlines()
+            rows[key] = [f"**{c['verdict']}**", interval, link]
+    if not sanity:
+        return rows, None
+    counts: dict[str, list[str]] = {}
+    for (better, _), (verdict, _) in sanity.items():
+        counts.setdefault(verdict, []).append("/".join(better))
+    said = "; ".join(f"**{v}** for {len(arms)}" + (f" ({', '.join(arms)})" if len(arms) <= 2 else "")
+                     for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
+    estimates = [e for _, e in sanity.values() if e is not None]
+    spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
+    return rows, [f"{SANITY} (each pre-trained arm against random init of its shape: {len(sanity)} comparisons)",
+                  said, spread, ", ".join(sanity_links)]
+
+
+def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
+    """The README's table: claim, verdict, difference and report, one row per claim; with `other` (the second
+    preset's records, at least one report committed), each claim's verdict and difference under both presets."""
+    first, sane = _summary_rows(records)
+    if not any(r.get("report") for r in other):
+        rows = [[key[0], *cells] for key, cells in first.items()] + ([sane] if sane else [])
+        return markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
+    second, sane2 = _summary_rows(other)
+    rows = []
+    for key in dict.fromkeys([*first, *second]):
+        a, b = first.get(key, ["not in its sweeps", "–", ""]), second.get(key, ["not in its sweeps", "–", ""])
+        rows.append([key[0], a[0], a[1], b[0], b[1], ", ".join(x for x in (a[2], b[2]) if x)])
+    if sane or sane2:
+        a, b = sane or [SANITY, "–", "–", ""], sane2 or [SANITY, "–", "–", ""]
+        rows.append([a[0] if sane else b[0], a[1], a[2], b[1], b[2], ", ".join(x for x in (a[3], b[3]) if x)])
+    (p1, _, _), (p2, _, _) = PRESETS
+    head = ["claim", f"`{p1}`", "Δ [95% interval]", f"`{p2}`", "Δ [95% interval]", "reports"]
+    return markdown_table(head, rows).splitlines()
 
 
 def replace_section(text: str, lines: Sequence[str], where: str = "README.md", start: str = START,
@@ -230,20 +303,23 @@ def replace_section(text: str, lines: Sequence[str], where: str = "README.md", s
     return head + start + "\n" + "\n".join(lines) + "\n" + end + tail
 
 
-def rewritten(root: Path, records: Sequence[Mapping]) -> dict[Path, tuple[str, str]]:
-    """README.md and the detail document under `root`: path -> (text now, text with current tables)."""
+def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
+    """README.md and the detail document under `root`: path -> (text now, text with the tables of `report_dir`)."""
+    (_, _, first), (_, _, second) = PRESETS
+    records, other = load_records(report_dir, first), load_records(report_dir, second)
     readme, detail = root / "README.md", root / DETAIL_DOC
-    out = {readme: (readme.read_text(),)}
-    out[readme] += (replace_section(out[readme][0], summary_table(records), str(readme)),)
-    out[detail] = (detail.read_text(),)
-    out[detail] += (replace_section(out[detail][0], table(records), str(detail), DETAIL_START, DETAIL_END),)
+    out = {}
+    for path, lines, start, end in ((readme, summary_table(records, other), START, END),
+                                    (detail, table(records, other), DETAIL_START, DETAIL_END)):
+        text = path.read_text()
+        out[path] = (text, replace_section(text, lines, str(path), start, end))
     return out
 
 
 def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bool:
     """Rewrite both tables from the reports in `report_dir`; True when either changed."""
     changed = False
-    for path, (text, new) in rewritten(root, load_records(report_dir)).items():
+    for path, (text, new) in rewritten(root, report_dir).items():
         if new != text:
             write_text(path, new)
             changed = True
@@ -252,7 +328,8 @@ def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bo
 
 def is_cpu_scale(spec: SweepSpec) -> bool:
     """Whether `spec`'s report is one the table joins (same sweep, same report file)."""
-    return any(spec.name == name and spec.report_name == load_sweep(name, scale).report_name for name, scale in CPU_SCALE)
+    return any(spec.name == name and spec.report_name == load_sweep(name, scale).report_name
+               for _, _, sweeps in PRESETS for name, scale in sweeps)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -263,10 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = f"README.md and {DETAIL_DOC}"
     try:
         if args.check:
-            current = all(t == n for t, n in rewritten(REPO_ROOT, load_records(REPO_ROOT / "reports")).values())
-            print(f"{where}: 'What holds at CPU scale' is current" if current else
+            is_current = all(t == n for t, n in rewritten(REPO_ROOT, REPO_ROOT / "reports").values())
+            print(f"{where}: 'What holds at CPU scale' is current" if is_current else
                   f"{where}: 'What holds at CPU scale' is out of date; run `python -m electra_ablate.report.holds`")
-            return 0 if current else 1
+            return 0 if is_current else 1
         print(f"{where}: 'What holds at CPU scale' {'rewritten' if sync() else 'already current'}")
     except HoldsError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,7 +20,8 @@ from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData, is_missing
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, curve_runs, glue_of, learning_curve
+from electra_ablate.report.stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, crossings, curve_runs, glue_of,
+                                         learning_curve, random_init_floors)
 from electra_ablate.report.tables import table
 
 TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
@@ -298,13 +299,55 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
               *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds",
               "degenerate runs"]
     out += [table(header, rows), ""]
-    return out
+    return out + _crossing_lines(spec, curve, random_init_floors(data))
 
 
-# (key of arms.end_of_pretraining, column title, factor, digits)
-END_COLUMNS = (("encoder_mlm_accuracy", "encoder's MLM accuracy", 100, 1),
-               ("generator_mlm_accuracy", "generator's MLM accuracy", 100, 1),
-               ("disc_auc", "discriminator ROC AUC", 1, 3), ("replaced_fraction", "share of tokens replaced", 100, 1))
+def _crossing_lines(spec, curve, floors: Mapping[str, float]) -> list[str]:
+    """Where each curve first reaches the random-init floor and the baseline's final median (the paper's Figure 4
+    asks where pre-training starts to pay): a reading of the medians above, not a verdict."""
+    if not floors:
+        return []
+    floor_label, floor = next(iter(floors.items()))
+    rows = crossings(curve, floor, spec.baseline)
+    if not rows:
+        return []
+    target = rows[0]["baseline"]
+    against = f" and {spec.baseline}'s final median ({fmt(target)})" if target is not None else ""
+    out = [f"Where each curve first reaches the random-init floor ({floor_label}'s median, {fmt(floor)}){against}, "
+           "by the medians above; a reading of the curve, not a verdict (the verdicts are the claims' intervals):", ""]
+    for r in rows:
+        parts = [f"the floor {_first(r['first_at_floor'], r)}"]
+        if target is not None:
+            parts.append(f"{spec.baseline}'s final {_first(r['first_above_baseline'], r)}")
+        out.append(f"- {r['variant']}: " + "; ".join(parts) + ".")
+    return out + [""]
+
+
+def _first(point: Mapping | None, r: Mapping) -> str:
+    if point is None:
+        return f"never, up to {r['last_flops']:.2g} FLOPs (its best median {fmt(r['best'])})"
+    return f"first at {point['flops']:.2g} FLOPs ({point['fraction']:g} of its steps: {fmt(point['glue'])})"
+
+
+# (column title, keys of arms.end_of_pretraining shown " / "-joined in its cells, factor, digits)
+MLM_PARTS = ("", "_at_mask", "_at_kept")
+END_COLUMNS = (("encoder's MLM accuracy: all / at [MASK] / at kept",
+                tuple(f"encoder_mlm_accuracy{p}" for p in MLM_PARTS), 100, 1),
+               ("generator's MLM accuracy: all / at [MASK] / at kept",
+                tuple(f"generator_mlm_accuracy{p}" for p in MLM_PARTS), 100, 1),
+               ("generator's sampled accuracy", ("sampled_mlm_accuracy",), 100, 1),
+               ("discriminator ROC AUC", ("disc_auc",), 1, 3),
+               ("discriminator precision / recall", ("disc_precision", "disc_recall"), 100, 1),
+               ("share of tokens replaced", ("replaced_fraction",), 100, 1))
+
+
+def end_cell(rows: list[dict], keys: tuple[str, ...], factor: float, digits: int) -> str:
+    """The medians of `keys` over `rows`, " / "-joined ("–" for one no row has; "–" alone when none has any)."""
+    parts = []
+    for key in keys:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        parts.append(f"{statistics.median(values) * factor:.{digits}f}" if values else "–")
+    return "–" if all(p == "–" for p in parts) else " / ".join(parts)
 
 
 def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = None) -> list[str]:
@@ -321,17 +364,19 @@ def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = No
     rows = []
     for v in (v for v in spec.variants if v.label in by_arm):
         cells = [v.label, str(len(by_arm[v.label]))]
-        for key, _, factor, digits in END_COLUMNS:
-            values = [r[key] for r in by_arm[v.label] if r[key] is not None]
-            cells.append(f"{statistics.median(values) * factor:.{digits}f}" if values else "–")
+        cells += [end_cell(by_arm[v.label], keys, factor, digits) for _, keys, factor, digits in END_COLUMNS]
         if with_paper:
             cells.append("–" if paper_acc[v.label] is None else f"{paper_acc[v.label]:g}")
         rows.append(cells)
-    header = ["variant", "runs", *(c[1] for c in END_COLUMNS), *(["paper: generator's MLM accuracy"] if with_paper else [])]
+    header = ["variant", "runs", *(c[0] for c in END_COLUMNS), *(["paper: generator's MLM accuracy"] if with_paper else [])]
     return ["## Pre-training at its end", "",
             "What each pre-trained arm reached in its last logged window of training batches (median over its "
             "pre-training runs): masked-LM accuracies in % at the masked positions (the encoder's where the encoder "
-            "is a masked LM; the generator's where there is one), and the discriminator's ROC AUC (0.5 is chance) "
-            "with the share of replaced tokens, both over the positions its loss covers: every token for ELECTRA, "
+            "is a masked LM; the generator's where there is one), also apart where the input was [MASK] and where it "
+            "kept the original token: copying the input scores 100% at kept positions and nothing at [MASK], so only "
+            "the accuracy at [MASK] shows what was learned; the accuracy of the generator's sampled token (what the "
+            "discriminator is shown); and the discriminator's ROC AUC (0.5 is chance), its precision and recall in % "
+            "(as google-research/electra's metric_fn: of the tokens it calls replaced, and of those replaced) "
+            "with the share of replaced tokens, all over the positions its loss covers: every token for ELECTRA, "
             "the masked 15% for ELECTRA 15%, whose numbers are therefore not comparable with ELECTRA's. These "
             "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), ""]

@@ -161,6 +161,42 @@ def random_init_floors(data: SweepData) -> dict[str, float]:
     return out
 
 
+def random_init_bands(data: SweepData) -> dict[str, tuple[float, float, float]]:
+    """Per random-init variant: its floor (random_init_floors) and the quartiles of its per-seed GLUE, the band
+    that the paper's Figure 4 shades for its no-pre-training baseline."""
+    floors = random_init_floors(data)
+    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    out = {}
+    for label, floor in floors.items():
+        g = final[final["variant"] == label]
+        tasks = [t for t in glue.TASKS if t in set(g["task"])]
+        seeds = per_seed_glue(g, tasks)["glue"]
+        low, high = (seeds.quantile(0.25), seeds.quantile(0.75)) if len(seeds) else (floor, floor)
+        out[label] = (floor, float(low), float(high))
+    return out
+
+
+def crossings(curve: pd.DataFrame, floor: float | None, baseline: str | None) -> list[dict]:
+    """Per curve of `curve` (learning_curve) but the baseline's: its first checkpoint, in pre-training FLOPs,
+    whose median reaches the random-init `floor`, and its first above the baseline's final median (None where no
+    checkpoint does; also None without a floor or a baseline), beside its last checkpoint's FLOPs and its best."""
+    base = curve[(curve["variant"] == baseline) & (curve["fraction"] == 1.0)] if baseline else curve.iloc[:0]
+    target = float(base["glue"].iloc[0]) if len(base) and not is_missing(base["glue"].iloc[0]) else None
+    out = []
+    for variant, g in curve.groupby("variant", sort=False):
+        if variant == baseline:
+            continue
+        g = g.sort_values("flops")
+        first = {}
+        for name, level in (("floor", floor), ("baseline", target)):
+            above = g[g["glue"] >= level] if level is not None else g.iloc[:0]
+            first[name] = None if above.empty else above.iloc[0][["flops", "fraction", "glue"]].to_dict()
+        out.append({"variant": variant, "floor": floor, "baseline": target, "first_at_floor": first["floor"],
+                    "first_above_baseline": first["baseline"], "last_flops": float(g["flops"].iloc[-1]),
+                    "best": float(g["glue"].max())})
+    return out
+
+
 def generator_size_points(data: SweepData) -> pd.DataFrame:
     """Per variant: discriminator hidden size, generator hidden size (None for unigram/uniform), generator
     kind, and the per-seed GLUE scores, from the pre-training runs' tags."""

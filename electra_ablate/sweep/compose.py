@@ -129,7 +129,8 @@ class SweepContext:
 
     def write_pretrain_configs(self) -> None:
         for v in self.spec.pretrained_variants:
-            extra = OmegaConf.merge(self.sweep_tags(v.label), {"sweep": {"keep_going": True}, "run_name": f"{v.label}-s${{seed}}"})
+            sweep = {"keep_going": True, **({"seeds": list(v.pretrain_seeds)} if v.pretrain_seeds else {})}
+            extra = OmegaConf.merge(self.sweep_tags(v.label), {"sweep": sweep, "run_name": f"{v.label}-s${{seed}}"})
             fractions = [f for f in self.spec.checkpoints if f < 1.0]
             if fractions:
                 extra["trainer"] = {"export_fractions": fractions}
@@ -160,7 +161,8 @@ class SweepContext:
         return compose_app("finetune", [*self.base_overrides, *self.finetune_overrides, *extra])
 
     def pretrain_jobs(self) -> list[PretrainJob]:
-        return [PretrainJob(v.label, s) for v in self.spec.pretrained_variants for s in self.spec.pretrain_seeds]
+        return [PretrainJob(v.label, s) for v in self.spec.pretrained_variants
+                for s in (v.pretrain_seeds or self.spec.pretrain_seeds)]
 
 
 @contextlib.contextmanager

@@ -93,11 +93,14 @@ def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
         return result
     # The multirun is a product; the smallest product covering the missing jobs (finished ones are skipped
     # by the entry point itself).
+    # A variant that runs fewer seeds (its own `pretrain_seeds`) ends at once for the others (training/pretraining.py).
+    # Seed-major order, so that a launcher with one worker per core starts each seed's variants side by side
+    # and a long arm of one seed runs beside the other seeds' arms rather than alone at the end.
     labels = sorted({j.variant for j in todo}, key=[v.label for v in ctx.spec.variants].index)
     seeds = sorted({j.seed for j in todo})
     sweep_dir = ctx.workdir / "multirun" / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_pretrain"
     command = multirun_command(
-        "electra_ablate.pretrain", [f"+{PRETRAIN_GROUP}={','.join(labels)}", f"seed={','.join(map(str, seeds))}"],
+        "electra_ablate.pretrain", [f"seed={','.join(map(str, seeds))}", f"+{PRETRAIN_GROUP}={','.join(labels)}"],
         ctx, launcher, ctx.pretrain_overrides, sweep_dir)
     return _launch_phase(result, command, dry_run, "pre-training multirun exited with %d: some jobs failed "
                                                    "(listed in the report); going on",

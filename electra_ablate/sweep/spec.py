@@ -36,14 +36,14 @@ TOP_KEYS = {
     "scales": "scale name -> overlay merged over this file (usually pretrain/finetune overrides)",
     "tasks": "GLUE tasks to fine-tune on",
     "seeds": "fine-tuning seeds (the paper: median of 10)",
-    "pretrain_seeds": "pre-training seeds",
+    "pretrain_seeds": "pre-training seeds (a pre-trained variant may run a subset: its own `pretrain_seeds`)",
     "checkpoints": "fractions of trainer.max_steps whose checkpoints are fine-tuned (1.0 = the final one)",
     "pretrain": "overrides for every pre-training job",
     "finetune": "overrides for every fine-tuning job",
     "variants": "label -> overrides of one variant (beside `axes`: only arms without pre-training, such as the floor)",
     "axes": "axis -> {option -> overrides}: the variants are the product of the axes (a scale drops an option with null)",
 }
-VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune"}  # every other key of a variant is a pre-training override
+VARIANT_KEYS = {"pretrained", "random_init_of", "expected_row", "finetune", "pretrain_seeds"}  # every other key of a variant is a pre-training override
 FIGURES = ("generator_size", "learning_curves")
 
 
@@ -63,6 +63,9 @@ class Variant:
     random_init_of: str | None = None
     expected_row: str | None = None  # "<section>.<row>" of paper_results.yaml
     axes: dict[str, str] = field(default_factory=dict)  # axis -> option, for product sweeps
+    # A subset of the sweep's pre-training seeds for this variant alone (None: all of them), for an arm too long
+    # to repeat as often as the others (a learning curve far past the compared budget).
+    pretrain_seeds: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,11 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     experiment = str(raw.get("experiment") or name_)
     if not LABEL.match(experiment):
         raise SweepError(f"{where}: experiment={experiment!r} must be letters, digits, '_' and '-' (it names folders)")
+    seeds = _int_list(raw.get("pretrain_seeds", [0]), f"{where}: pretrain_seeds")
+    for v in variants:
+        if v.pretrain_seeds is not None and not (v.pretrain_seeds and set(v.pretrain_seeds) <= set(seeds)):
+            raise SweepError(f"{where}: variant {v.label} has pretrain_seeds={list(v.pretrain_seeds)}, which must be a "
+                             f"non-empty subset of the sweep's pretrain_seeds {list(seeds)}")
     report_name = name_ if not scales or scale == raw.get("default_scale") else f"{name_}_{scale}"
     return SweepSpec(
         name=name_,
@@ -223,7 +231,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         figures=figures,
         tasks=tasks,
         seeds=_int_list(raw.get("seeds", [0]), f"{where}: seeds"),
-        pretrain_seeds=_int_list(raw.get("pretrain_seeds", [0]), f"{where}: pretrain_seeds"),
+        pretrain_seeds=seeds,
         checkpoints=tuple(sorted(checkpoints)),
         variants=tuple(variants),
     )
@@ -257,15 +265,19 @@ def _variants(raw: dict, where: str) -> list[Variant]:
         pretrained = body.pop("pretrained", None)
         random_init_of = body.pop("random_init_of", None)
         expected_row = body.pop("expected_row", None)
+        own_seeds = body.pop("pretrain_seeds", None)
         finetune = _merge(common_ft, body.pop("finetune", None) or {})
         if pretrained is not None and random_init_of is not None:
             raise SweepError(f"{where}: variant {label} gives both `pretrained` and `random_init_of`; keep one")
         if (pretrained is not None or random_init_of is not None) and body:
             what = f"pretrained={pretrained} as is" if pretrained is not None else f"random encoders shaped like {random_init_of}"
             raise SweepError(f"{where}: variant {label} fine-tunes {what}, so its pre-training overrides {sorted(body)} would be ignored")
+        if own_seeds is not None and (pretrained is not None or random_init_of is not None):
+            raise SweepError(f"{where}: variant {label} gives pretrain_seeds but has no pre-training of its own")
         pretrain = {} if pretrained is not None or random_init_of is not None else _merge(common_pre, body)
         out.append(Variant(label, pretrain, finetune, pretrained=pretrained, expected_row=expected_row, axes=axes_of,
-                           random_init_of=random_init_of))
+                           random_init_of=random_init_of,
+                           pretrain_seeds=None if own_seeds is None else _int_list(own_seeds, f"{where}: {label}.pretrain_seeds")))
     labels = {label for label, _, _ in entries}
     for v in out:
         if v.random_init_of is None:

@@ -73,8 +73,15 @@ class ExportPretrained(pl.Callback):
 
 
 def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | None:
-    """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure, and in every
-    process of a multi-process run but the first)."""
+    """Pre-train per `cfg`; returns the MLflow run id (None when `keep_going` swallowed a failure, when a sweep
+    did not plan this seed for this variant, and in every process of a multi-process run but the first)."""
+    planned = cfg.get("sweep", {}).get("seeds")
+    if planned is not None and cfg.seed not in planned:
+        # A sweep's multirun is a product of variants and seeds; a variant that runs fewer seeds (its own
+        # `pretrain_seeds`) is handed the others too, and they end here.
+        log.info("pre-training %s: seed %s is not one of the seeds %s the sweep planned for it; nothing to do",
+                 cfg.sweep.variant, cfg.seed, list(planned))
+        return None
     validate(cfg)
     hashes = tracking.identity_hashes(cfg)  # this identity, then its spelling before data paths left it
     cfg_hash = hashes[0]
