@@ -153,3 +153,16 @@ def test_bad_input_is_refused_before_any_encoder_is_loaded(argv, message, monkey
     monkeypatch.setattr(states, "resolve_pretrained", lambda *a: pytest.fail("an encoder was loaded"))
     with pytest.raises(BenchError, match=message):
         states.main(argv)
+
+
+def test_reinit_top_layers_measures_the_encoder_fine_tuning_starts_from(tmp_path):
+    """A checkpoint whose top collapsed measures as collapsed, and as a fresh top with reinit_top_layers=1."""
+    network = ElectraForPretraining(TINY, disc_head=True)
+    network.electra.load_state_dict(collapsed().state_dict())
+    ckpt = save_pretrained(tmp_path / "collapsed", network, VOCAB, {"model_name": "tiny"})
+    as_saved = states.main([f"c={ckpt}", "--examples", "12", *_overrides(tmp_path)])
+    redrawn = states.main([f"c={ckpt}", "--examples", "12", "--override=reinit_top_layers=1", *_overrides(tmp_path)])
+    assert as_saved[-1]["layer"] == "output" and as_saved[-1]["cls_rank"] == pytest.approx(1.0, abs=1e-3)
+    assert redrawn[-1]["cls_rank_centred"] > 3 and redrawn[-1]["token_cosine"] < 0.9
+    assert redrawn[-1]["common_share"] < 0.9
+    assert redrawn[1] == as_saved[1]  # block 1, under the re-drawn top, is the checkpoint's

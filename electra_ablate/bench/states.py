@@ -13,7 +13,8 @@ classifier reads):
 
 A collapsed encoder (one vector for every token) has rank ~1 and cosines ~1; an isotropic one cosines ~0 and a
 rank near its width. Encoders are loaded as fine-tuning loads them (training/finetune_source.py, from the
-fine-tuning config), and nothing is written to the run store.
+fine-tuning config: `--override reinit_top_layers=1` measures what such a run starts from), and nothing is written
+to the run store.
 
 `python -m electra_ablate.bench.states NAME=<pretrained dir | run id | hf:...> ... [--random-init-of NAME]`
 """
@@ -42,7 +43,7 @@ from electra_ablate.glue.readers import load_split
 from electra_ablate.models.encoder import ElectraModel
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking import store
-from electra_ablate.training.finetune_source import Pretrained, resolve_pretrained
+from electra_ablate.training.finetune_source import Pretrained, reinit_top_layers, resolve_pretrained
 from electra_ablate.training.finetuning import lowercase
 
 RANDOM = "random init"
@@ -194,7 +195,8 @@ def measure(arms: Sequence[tuple[str, str, bool]], overrides: Sequence[str], exa
         batch = sentences(cfg, pretrained, examples)
         log(f"states: {name} ({spec}{', random init' if random_init else ''}) on {len(batch.input_ids)} "
             f"{cfg.task.name} dev examples")
-        for layer, hidden in layer_states(pretrained.make_encoder(), *batch).items():
+        encoder = reinit_top_layers(pretrained.make_encoder(), int(cfg.reinit_top_layers), int(cfg.seed))
+        for layer, hidden in layer_states(encoder, *batch).items():
             rows.append({"encoder": name, "layer": layer, **state_stats(hidden, batch.attention_mask)._asdict()})
     return rows
 
