@@ -86,6 +86,7 @@ def test_a_collapsed_encoder_has_rank_one_and_cosine_one_where_a_random_one_does
     fresh = states.state_stats(states.layer_states(ElectraForPretraining(TINY, disc_head=True).electra, ids, mask, types)["output"],
                                mask)
     assert fresh.cls_rank > 5 and fresh.cls_rank_centred > 5 and fresh.token_cosine < 0.5
+    assert fresh.mean_rank_centred > 5 and top.mean_rank_centred == 0.0  # one vector: nothing left once centred
 
 
 def test_layer_states_leave_the_encoder_in_eval_mode_without_hooks():

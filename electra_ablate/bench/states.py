@@ -8,8 +8,8 @@ classifier reads):
 - the mean cosine between two tokens of one example, and between the [CLS] (and the mean-pooled) states of two
   examples;
 - the effective rank (Roy & Vetterli 2007, "The effective rank: a measure of effective dimensionality": exp of
-  the entropy of the normalised singular values) of the examples' [CLS] states, as they are and centred, and of
-  their mean-pooled states.
+  the entropy of the normalised singular values) of the examples' [CLS] and mean-pooled states, as they are and
+  centred (less their mean over the examples: what a classifier with a bias can use).
 
 A collapsed encoder (one vector for every token) has rank ~1 and cosines ~1; an isotropic one cosines ~0 and a
 rank near its width. Encoders are loaded as fine-tuning loads them (training/finetune_source.py, from the
@@ -61,11 +61,12 @@ class StateStats(NamedTuple):
     cls_rank: float  # effective rank of the (N, H) [CLS] states
     cls_rank_centred: float  # ... of the same states less their mean over the examples
     mean_rank: float  # effective rank of the (N, H) mean-pooled states
+    mean_rank_centred: float  # ... of the same states less their mean over the examples
 
 
 COLUMNS = ("encoder", "layer", *StateStats._fields)
 HEADERS = ("encoder", "layer", "dim. variance", "top dim. share", "common share", "token cos", "[CLS] cos",
-           "mean-pool cos", "[CLS] erank", "[CLS] erank centred", "mean-pool erank")
+           "mean-pool cos", "[CLS] erank", "[CLS] erank centred", "mean-pool erank", "mean-pool erank centred")
 
 
 def effective_rank(matrix: torch.Tensor) -> float:
@@ -103,7 +104,7 @@ def state_stats(hidden: torch.Tensor, mask: torch.Tensor) -> StateStats:
         common_share=common, token_cosine=float(np.mean(within)) if within else math.nan,
         cls_cosine=mean_pair_cosine(cls), mean_cosine=mean_pair_cosine(pooled),
         cls_rank=effective_rank(cls), cls_rank_centred=effective_rank(cls - cls.mean(0)),
-        mean_rank=effective_rank(pooled),
+        mean_rank=effective_rank(pooled), mean_rank_centred=effective_rank(pooled - pooled.mean(0)),
     )
 
 
