@@ -477,9 +477,10 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke(("--examples 8",), replace={"<electra run id>": RUN_ID, "<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID,
                                           "<bert run id>": BERT_DIR}, check=check_states),
     COLLAPSE_LR5E4: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
-    ("python -m electra_ablate.finetune -m pretrained=<electra lr 5e-4 run id> task=sst2 seed=0,1,2 "
-     + COLLAPSE_FINETUNE): Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID},
-                                 check=check_lrprobe(random_init=False, jobs=1, experiment="collapse")),
+    **{"python -m electra_ablate.finetune -m pretrained=<electra lr 5e-4 run id> task=sst2 seed=0,1,2 " + change
+       + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID},
+                                  check=check_lrprobe(random_init=False, jobs=1, experiment="collapse"))
+       for change in ("", "pooling=mean reinit_top_layers=0,1 ")},
     ("python -m electra_ablate.finetune -m pretrained=<electra pretrained/final> task=sst2 seed=0,1,2 "
      "pooling=cls,mean reinit_top_layers=0,1,2 " + COLLAPSE_FINETUNE):
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra pretrained/final>": PRETRAINED_DIR},
