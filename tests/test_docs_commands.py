@@ -259,6 +259,12 @@ def check_joblib_pretrain(result: Result, runner: Runner) -> None:
     assert {"0", "1"} <= seeds, seeds
 
 
+def check_states(result: Result, runner: Runner) -> None:
+    """docs/cpu_scale.md: a row per (encoder, layer), the output the classifier reads among them."""
+    for name in ("electra", "electra-lr5e-4", "bert", "random init"):
+        assert f"| {name} | embeddings |" in result.output and f"| {name} | output |" in result.output, name
+
+
 def section(text: str, title: str) -> str:
     """The body of a markdown `## title` section."""
     m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
@@ -349,6 +355,16 @@ BERT_DIR = FromRun(PILOT, "pretrained_dir", dummy="/nonexistent/bert/pretrained/
 QUICK_SMOKE = Smoke((QUICK_PRETRAIN, QUICK_FINETUNE, REPORT_DIR), check=check_report("quick", ("electra", "bert", "none")))
 PYTEST = "runs the test suite itself (this module is part of it)"
 GPU = "needs GPUs"
+
+# docs/cpu_scale.md's fine-tuning of the collapsed ELECTRA checkpoint: the quick sweep's recipe.
+COLLAPSE_FINETUNE = ("finetune_optim.lr=5e-4 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
+                     "runtime.num_workers=0 logger.experiment=collapse")
+
+COLLAPSE_LR5E4 = ("OMP_NUM_THREADS=1 python -m electra_ablate.pretrain model=tiny data=wiki objective=electra "
+                  "data.max_docs=40000 data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=5e-4 "
+                  "optim.warmup_steps=30 trainer.max_steps=300 logger.log_every_n_steps=25 runtime.num_workers=0 "
+                  "trainer.enable_progress_bar=false seed=0 logger.experiment=collapse")
+COLLAPSE_LR5E4_ID = FromRun(COLLAPSE_LR5E4, "run_id")
 
 COMMANDS: dict[str, Smoke | Skip] = {
     # README: quick start
@@ -486,6 +502,25 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "optim.lr=5e-4 --out pilots/lr5e-4.csv"):
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=3", "logger.log_every_n_steps=1"),
               check=check_pilot_csv, slow=False),
+    # docs/cpu_scale.md: why ELECTRA checkpoints fine-tune to one class
+    ("python -m electra_ablate.bench.states electra=<electra run id> electra-lr5e-4=<electra lr 5e-4 run id> "
+     "bert=<bert run id> --random-init-of electra --examples 512 --override glue_data.max_seq_length=64"):
+        Smoke(("--examples 8",), replace={"<electra run id>": RUN_ID, "<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID,
+                                          "<bert run id>": BERT_DIR}, check=check_states),
+    COLLAPSE_LR5E4: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
+    **{"python -m electra_ablate.finetune -m pretrained=<electra lr 5e-4 run id> task=sst2 seed=0,1,2 " + change
+       + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID},
+                                  check=check_lrprobe(random_init=False, jobs=1, experiment="collapse"))
+       for change in ("", "pooling=mean reinit_top_layers=0,1 ")},
+    ("python -m electra_ablate.finetune -m pretrained=<electra pretrained/final> task=sst2 seed=0,1,2 "
+     "pooling=cls,mean reinit_top_layers=0,1,2 " + COLLAPSE_FINETUNE):
+        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra pretrained/final>": PRETRAINED_DIR},
+              check=check_lrprobe(random_init=False, jobs=6, experiment="collapse")),
+    **{f"python -m electra_ablate.finetune -m pretrained=<electra run id> {change} task=sst2 seed=0,1,2 "
+       + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra run id>": RUN_ID},
+                                  check=check_lrprobe(random_init=False, jobs=1, experiment="collapse"))
+       for change in ("reinit_top_layers=4", "pooling=mean finetune_optim.layerwise_lr_decay=1.0",
+                      "pooling=mean finetune_optim.bias_correction=true finetune_optim.loss_reduction=mean")},
     "OMP_NUM_THREADS=1 python -m electra_ablate.pretrain experiment=cpu_regime objective=bert":
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
     "python -m electra_ablate.finetune -m recipe=cpu_regime pretrained=<run id> task=sst2 seed=0,1,2,3,4":

@@ -526,3 +526,68 @@ def test_fine_tuning_batches_are_padded_as_the_runtime_says():
     assert collate(items, padding="bucket", max_len=50)["input_ids"].shape == (2, 50)
     padded = collate(items, padding="max", max_len=128)
     assert padded["input_ids"].shape == (2, 128) and padded["attention_mask"].sum().item() == 5 + 37
+
+
+# --- re-initialising the top layers (Zhang et al. 2021) -----------------------------------------------------
+
+
+def test_reinit_top_layers_redraws_only_the_top_blocks_with_the_pretraining_init():
+    torch.manual_seed(0)
+    trained = ElectraForPretraining(TINY, disc_head=True).electra
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(1.0)  # far from any init, so a redrawn tensor is told apart
+    before = {k: v.clone() for k, v in trained.state_dict().items()}
+    state = torch.random.get_rng_state()
+    out = finetune_source.reinit_top_layers(trained, 1, seed=3).state_dict()
+    assert torch.equal(torch.random.get_rng_state(), state)  # the run's own draws (head, dropout, order) unchanged
+    top = "encoder.layer.1."
+    for k, v in out.items():
+        if not k.startswith(top):
+            assert torch.equal(v, before[k]), k
+    assert torch.equal(out[top + "output.LayerNorm.weight"], torch.ones(TINY.hidden_size))
+    assert torch.equal(out[top + "attention.self.query.bias"], torch.zeros(TINY.hidden_size))
+    assert abs(out[top + "intermediate.dense.weight"].std().item() - TINY.initializer_range) < 0.002
+    again = finetune_source.reinit_top_layers(ElectraForPretraining(TINY, disc_head=True).electra, 1, seed=3)
+    assert torch.equal(again.state_dict()[top + "intermediate.dense.weight"], out[top + "intermediate.dense.weight"])
+    assert finetune_source.reinit_top_layers(trained, 0, seed=3) is trained
+
+
+def test_a_pre_ln_encoder_redraws_its_final_layernorm_with_the_top_block():
+    pre = ElectraForPretraining(EncoderConfig(**{**TINY.to_dict(), "layer_norm": "pre"}), disc_head=True).electra
+    with torch.no_grad():
+        pre.encoder.LayerNorm.weight.fill_(3.0)
+    finetune_source.reinit_top_layers(pre, 1, seed=0)
+    assert torch.equal(pre.encoder.LayerNorm.weight, torch.ones(TINY.hidden_size))
+
+
+def test_reinit_top_layers_is_recorded_and_leaves_other_runs_identities_alone(store, tmp_path, monkeypatch):
+    client, uri = store
+    ckpt = save_tiny(tmp_path / "ckpt", model_name="tiny")
+    seen = []
+    real = finetune_source.reinit_top_layers
+    monkeypatch.setattr(finetuning, "reinit_top_layers", lambda enc, n, seed: seen.append((n, seed)) or real(enc, n, seed))
+    overrides = [f"pretrained={ckpt}", "task=rte", f"glue_data.dir={FIXTURES}", "task.epochs=1",
+                 "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8"]
+    cfg = config(tmp_path, uri, "reinit", *overrides, "reinit_top_layers=1", "seed=2")
+    finetuning.run(cfg)
+    (run,) = runs_of(client, "reinit")
+    assert run.info.status == "FINISHED" and run.data.params["reinit_top_layers"] == "1" and seen == [(1, 2)]
+    plain = config(tmp_path, uri, "reinit", *overrides, "seed=2")
+    assert "reinit_top_layers" not in identity.identity(plain)  # the default is left out: older runs keep their hashes
+    assert identity.identity(cfg)["reinit_top_layers"] == 1
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", r"reinit_top_layers=-1 must be a whole number"),
+    ("0.5", r"reinit_top_layers=0.5 must be a whole number"),
+    ("3", r"reinit_top_layers=3 exceeds the encoder's 2 layers"),
+])
+def test_a_bad_reinit_top_layers_is_refused_before_any_run(store, tmp_path, value, message):
+    client, uri = store
+    ckpt = save_tiny(tmp_path / "ckpt", model_name="tiny")
+    cfg = config(tmp_path, uri, "bad-reinit", f"pretrained={ckpt}", "task=rte", f"glue_data.dir={FIXTURES}",
+                 f"reinit_top_layers={value}")
+    with pytest.raises(finetune_source.FinetuneError, match=message):
+        finetuning.run(cfg)
+    assert runs_of(client, "bad-reinit") == []

@@ -81,3 +81,12 @@ def test_pretrain_recipe_names_the_layout_deviations_and_reads_older_runs_as_the
     assert "LayerNorm placement (post = BERT's and ELECTRA's block): pre (paper: post)" in declared
     assert "hidden dropout: 0.0 (paper: 0.1)" in declared and "linear biases" not in declared
     assert pretrain_recipe_lines([SimpleNamespace(run=None)]) == []
+
+
+def test_reinit_top_layers_is_a_deviation_and_runs_from_before_the_option_read_as_none():
+    text = "\n".join(recipe_lines(*_runs(reinit_top_layers="1")))
+    declared = text.split("Declared deviations from the paper's fine-tuning recipe")[1]
+    assert "top layers re-initialised before fine-tuning: 1 (paper: 0)" in declared
+    older = "\n".join(recipe_lines(*_runs()))  # no `reinit_top_layers` param logged: every layer as pre-trained
+    assert "| top layers re-initialised before fine-tuning | 0 | 0 | |" in older
+    assert "These runs follow the paper's fine-tuning recipe." in older

@@ -43,6 +43,7 @@ def _paper_defaults(tasks: Sequence[str], sizes: Sequence[str]) -> dict[str, str
         "glue_data.batch_size": str(base.glue_data.batch_size),
         "glue_data.max_train_examples": "None",
         "pooling": str(base.pooling),
+        "reinit_top_layers": str(base.reinit_top_layers),
         **{f"dropout.{k}": f"{base.dropout[k]:g}" for k in ("hidden", "attention", "classifier")},
     }
 
@@ -59,6 +60,7 @@ SETTINGS = (
     Setting("warm-up fraction", "finetune_optim.warmup_fraction"),
     Setting("weight decay", "finetune_optim.weight_decay"),
     Setting("sentence representation (cls = the final [CLS] state)", "pooling"),
+    Setting("top layers re-initialised before fine-tuning", "reinit_top_layers"),
     Setting("encoder dropout, hidden", "dropout.hidden"),
     Setting("encoder dropout, attention", "dropout.attention"),
     Setting("classifier dropout", "dropout.classifier"),

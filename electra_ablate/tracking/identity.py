@@ -96,6 +96,7 @@ NEW_KEY_DEFAULTS: dict[str, object] = {
     "model.layer_norm": "post",
     "model.linear_bias": True,
     "pooling": "cls",  # fine-tuning's sentence representation: the reference's [CLS] state
+    "reinit_top_layers": 0,  # fine-tuning from every pre-trained layer, as the paper does
 }
 
 

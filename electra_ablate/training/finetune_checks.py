@@ -66,6 +66,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.pooling not in POOLINGS:
         raise FinetuneError(f"pooling={cfg.pooling!r} must be cls (the paper: the final [CLS] state) or mean (the "
                             "mean over the example's tokens)")
+    n = cfg.reinit_top_layers
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        raise FinetuneError(f"reinit_top_layers={n!r} must be a whole number of top layers to re-initialise before "
+                            "fine-tuning, 0 (the paper) or more")
     for key in ("hidden", "attention", "classifier"):
         value = cfg.dropout[key]
         if not (isinstance(value, (int, float)) and 0 <= value < 1):

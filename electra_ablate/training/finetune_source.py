@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 import torch
+from torch import nn
 
 from electra_ablate.data.tokenizer import read_vocab
 from electra_ablate.models.checkpoint import CheckpointError, encoder_config, load_pretrained
@@ -133,6 +134,36 @@ def from_network(
         size_name(info.get("model_name"), config.hidden_size), run_id, None if step is None else int(step), tags,
         info.get("do_lower_case"), info.get("model_name"),
     )
+
+
+def reinit_top_layers(encoder: ElectraModel, n: int, seed: int) -> ElectraModel:
+    """Re-initialise the encoder's top `n` Transformer blocks in place with the pre-training init (weights
+    N(0, initializer_range), zero biases, LayerNorm (1, 0)); a pre-LN encoder's final LayerNorm goes with the top
+    block, as in layer-wise decay. Zhang et al. 2021 ("Revisiting Few-sample BERT Fine-tuning"): the
+    top layers of a pre-trained encoder specialise to its pre-training task and fine-tune better from scratch.
+    Drawn from their own generator (seeded by the fine-tuning seed), so the classifier's init and the data order
+    are those of the same run without re-initialisation."""
+    layers = encoder.encoder.layer
+    if not 0 <= n <= len(layers):
+        raise FinetuneError(f"reinit_top_layers={n} must be between 0 and the encoder's {len(layers)} layers")
+    if n == 0:
+        return encoder
+    modules = [m for block in layers[len(layers) - n:] for m in block.modules()]
+    if hasattr(encoder.encoder, "LayerNorm"):
+        modules.append(encoder.encoder.LayerNorm)
+    std = encoder.config.initializer_range
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(int.from_bytes(hashlib.sha256(f"reinit_top_layers seed={seed}".encode()).digest()[:8],
+                                         "little") >> 1)
+        for m in modules:
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0.0, std)
+                if m.bias is not None:
+                    m.bias.zero_()
+            elif isinstance(m, nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+    return encoder
 
 
 def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:

@@ -33,7 +33,8 @@ from electra_ablate.models import fast
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.finetune_checks import validate
-from electra_ablate.training.finetune_source import FinetuneError, Pretrained, normalise_spec, resolve_pretrained
+from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
+                                                     resolve_pretrained)
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,11 @@ def check_compatible(cfg: DictConfig, pretrained: Pretrained, tokenizer) -> None
             f"{pretrained.config.vocab_size} but its vocabulary {pretrained.vocab_file} has {vocab} entries; "
             "fine-tune with the vocab.txt the checkpoint was pre-trained with"
         )
+    if cfg.reinit_top_layers > pretrained.config.num_hidden_layers:
+        raise FinetuneError(
+            f"reinit_top_layers={cfg.reinit_top_layers} exceeds the encoder's {pretrained.config.num_hidden_layers} "
+            f"layers ({pretrained.spec}); re-initialise at most {pretrained.config.num_hidden_layers}"
+        )
     if cfg.glue_data.max_seq_length > pretrained.config.max_position_embeddings:
         raise FinetuneError(
             f"glue_data.max_seq_length={cfg.glue_data.max_seq_length} exceeds the encoder's "
@@ -223,6 +229,7 @@ def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, 
                    "finetune_optim.bias_correction": str(optim.bias_correction),
                    "finetune_optim.loss_reduction": optim.loss_reduction,
                    "pooling": str(cfg.pooling),
+                   "reinit_top_layers": str(cfg.reinit_top_layers),
                    "preset": str(cfg.get("preset")),  # the named recipe, if any (not part of the identity)
                    "resolved.train_examples": str(train_examples),
                    "runtime.resolved_precision": precision(cfg),
@@ -267,7 +274,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
     d = cfg.glue_data
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
-    encoder = pretrained.make_encoder()
+    encoder = reinit_top_layers(pretrained.make_encoder(), int(cfg.reinit_top_layers), int(cfg.seed))
     # Speed only: without dropout (and in evaluation) CPU attention is written out (models/fast.py); with
     # dropout it stays torch's SDPA and its own masks, so runs with dropout draw the same random numbers.
     fast.set_fast_dropout(encoder, False, cpu_attention=str(cfg.runtime.cpu_attention))
