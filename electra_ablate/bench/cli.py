@@ -52,6 +52,19 @@ from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
 
 
+def _precisions(arg: str | None, device_type: str) -> tuple[str, ...]:
+    """--precisions as the runtime.precision values to time, fp32 first (the base of the ratios)."""
+    if arg is None:
+        return default_precisions(device_type)
+    requested = [x for x in arg.split(",") if x]
+    bad = sorted(set(requested) - set(PRECISIONS))
+    precisions = tuple(p for p in PRECISIONS if p in requested)
+    if bad or not precisions:
+        raise BenchError(f"--precisions {arg!r}: {bad or 'empty'} not benchmarked; give a comma-separated subset of "
+                         f"{','.join(PRECISIONS)}")
+    return precisions
+
+
 def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
     p = argparse.ArgumentParser(
         prog="python -m electra_ablate.bench", description=__doc__.split("\n\n")[0],
@@ -113,15 +126,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, Path]:
         if not (CONF_DIR / "model" / f"{m}.yaml").is_file():
             valid = ", ".join(sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))
             raise BenchError(f"unknown --models entry {m!r}; valid: {valid}")
-    if a.precisions is None:
-        precisions = default_precisions(device.type)
-    else:
-        requested = [x for x in a.precisions.split(",") if x]
-        bad = sorted(set(requested) - set(PRECISIONS))
-        precisions = tuple(p for p in PRECISIONS if p in requested)  # fp32 first: the base of the ratios
-        if bad or not precisions:
-            raise BenchError(f"--precisions {a.precisions!r}: {bad or 'empty'} not benchmarked; give a comma-separated "
-                             f"subset of {','.join(PRECISIONS)}")
+    precisions = _precisions(a.precisions, device.type)
     quick = a.quick
     command = "python -m electra_ablate.bench " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     s = Settings(

@@ -264,5 +264,11 @@ def one_line_errors(main: F) -> F:
                 raise
             # SystemExit passes Hydra's job runner, which catches Exception only.
             sys.exit(f"error: {message}")
+        except KeyboardInterrupt:
+            if _in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            # Ctrl-C or SIGTERM: the runs it stopped are recorded KILLED and resume from their last checkpoint.
+            print("interrupted: what was running is recorded KILLED; the same command resumes it", file=sys.stderr)
+            sys.exit(130)
 
     return run  # type: ignore[return-value]

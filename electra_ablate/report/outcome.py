@@ -6,6 +6,7 @@ the same tables and verdicts the markdown is rendered from.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from electra_ablate.report import markdown, verdicts
 from electra_ablate.report.collect import SweepData
 from electra_ablate.report.stats import Summary
 
+WIDTH = 110  # a warning's paragraph, wrapped for a terminal
 _MARKUP = re.compile(r"\*\*|(?<!\w)\*(?=\w)|(?<=\w)\*(?!\w)|`")
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 
@@ -48,7 +50,8 @@ def lines(data: SweepData, summary: Summary, health: Mapping, paper: Mapping, re
         out += ["  " + row for row in aligned(*markdown.glue_table(spec, summary, health, paper))]
     else:
         out.append("No fine-tuning run of a final checkpoint has finished yet.")
-    out += [""] + [plain(w) for w in markdown.degenerate_warnings(data, health) if w]
+    out += [""] + [textwrap.fill(plain(w), WIDTH, subsequent_indent="  ")
+                   for w in markdown.degenerate_warnings(data, health) if w]
     if results:
         out += ["verdicts (95% multi-bootstrap interval, points):"] + ["  " + verdict_line(v) for v in results]
     if data.problems:

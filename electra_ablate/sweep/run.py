@@ -52,10 +52,11 @@ log = logging.getLogger(__name__)
 
 class ReportWriter(Protocol):
     """Writes <report_dir>/<sweep>.md from the sweep's runs and returns its path; `running_sweep_run` is the
-    sweep's own MLflow run, still RUNNING, and `running_wall_time` its seconds so far."""
+    sweep's own MLflow run, still RUNNING, and `running_wall_time` its seconds so far; with `echo`, prints what
+    the report says (its main table and verdicts) to the console."""
 
     def __call__(self, ctx: SweepContext, client, report_dir: Path, running_sweep_run: str | None = None,
-                 running_wall_time: float | None = None) -> Path: ...
+                 running_wall_time: float | None = None, echo: bool = True) -> Path: ...
 
 
 @dataclass
