@@ -16,7 +16,10 @@ CONF_DIR = REPO / "conf"
 # The shared real data, as conf/paths/default.yaml finds it; only `realdata` tests read it.
 REAL_DATA_DIR = Path(os.environ.get("ELECTRA_ABLATE_DATA", REPO.parent / "shared" / "data")).resolve()
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# Two torch threads at most; one per test worker when pytest-xdist runs several side by side (on 2 shared cores,
+# two threads per process were 3x slower than one).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
 
 
 def pytest_configure(config):

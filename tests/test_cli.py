@@ -54,7 +54,9 @@ def test_a_corpus_with_a_required_key_pre_trains_from_the_command_line(tmp_path,
     (run,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     assert run.info.status == "FINISHED" and Path(run.data.tags["checkpoint_path"], "config.json").is_file()
     assert "litlogger" not in done.stdout + done.stderr  # Lightning's advert is dropped (training/__init__.py)
-    assert "the run sees" in done.stdout + done.stderr and "0.00B" not in done.stdout + done.stderr
+    # The corpus's budget line goes to the run's log file (the console shows the outcome): it names a real size.
+    logs = "".join(f.read_text() for f in tmp_path.rglob("*.log"))
+    assert "the run sees" in logs and "0.00B" not in logs + done.stdout + done.stderr
 
 
 # --- refusals ------------------------------------------------------------------------------------------------
