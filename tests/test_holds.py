@@ -116,7 +116,7 @@ def test_a_bad_record_names_the_file_and_the_command_that_remakes_it(tmp_path):
         holds.load_records(tmp_path)
 
 
-def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp_path, data_dir, monkeypatch):
+def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp_path, data_dir, monkeypatch, capsys):
     """Into the repository's reports/ (here a stand-in), the README follows; into any other folder it does not."""
     repo = tmp_path / "repo"
     (repo / "reports").mkdir(parents=True)
@@ -131,6 +131,11 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
 
     build.write_report(ctx, client, tmp_path / "elsewhere")
+    # The console gets what the report says: its state, one line per verdict, and where it is.
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("weight_sharing (scale cpu): ") and "No fine-tuning run of a final checkpoint" in out[1]
+    assert "  not run     Tying all weights beats no tying: needs fine-tuning runs of all, none" in out
+    assert out[-1] == f"report: {tmp_path / 'elsewhere' / 'weight_sharing_cpu.md'}"
     assert (tmp_path / "elsewhere" / "weight_sharing_cpu" / holds.RECORD).is_file()
     assert readme.read_text() == f"# x\n{holds.START}\n{holds.END}\n"
 

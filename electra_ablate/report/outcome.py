@@ -15,12 +15,12 @@ from electra_ablate.report.collect import SweepData
 from electra_ablate.report.stats import Summary
 
 WIDTH = 110  # a warning's paragraph, wrapped for a terminal
-_MARKUP = re.compile(r"\*\*|(?<!\w)\*(?=\w)|(?<=\w)\*(?!\w)|`")
+_MARKUP = re.compile(r"\*\*|`")  # bold and code marks; a lone * is the tables' "derived" mark
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 
 
 def plain(text: str) -> str:
-    """Markdown emphasis, code marks and links as plain text."""
+    """Markdown bold, code marks and links as plain text."""
     return _MARKUP.sub("", _LINK.sub(r"\1", text))
 
 
@@ -35,7 +35,7 @@ def verdict_line(v: verdicts.Verdict) -> str:
     """'holds       <claim>: +2.8 [+0.7, +5.2] on SST-2' (or why there is no number)."""
     name = v.verdict.replace(" at this scale", "")
     if v.difference is None:
-        return f"{name:<11} {v.claim.text}: {v.note or v.resolve}"
+        return f"{name:<11} {v.claim.text}: {v.note or 'needs ' + v.resolve}"
     d = v.difference
     on = ", ".join(verdicts.glue_task_names(v.tasks))
     return f"{name:<11} {v.claim.text}: {d.estimate:+.1f} [{d.low:+.1f}, {d.high:+.1f}] on {on}"
