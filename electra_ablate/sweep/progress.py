@@ -34,10 +34,13 @@ def duration(seconds: float) -> str:
 
 
 class PhaseConsole:
-    """Watches one phase's multirun process. `launched` is the number of jobs the multirun starts."""
+    """Watches one phase's multirun process. `launched` is the number of jobs the multirun starts, `todo` those of
+    them with work to do (a multirun is a product: the others find their work done and end at once)."""
 
-    def __init__(self, phase: str, launched: int, log_path: Path, verbose: bool | None = None):
+    def __init__(self, phase: str, launched: int, log_path: Path, verbose: bool | None = None,
+                 todo: int | None = None):
         self.phase, self.launched, self.log_path = phase, launched, Path(log_path)
+        self.todo = launched if todo is None else todo
         self.progress_path = self.log_path.with_suffix(".progress.jsonl")
         self.verbose = console.verbose() if verbose is None else verbose
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -55,7 +58,8 @@ class PhaseConsole:
                 "errors": "replace"}
 
     def start(self, proc: subprocess.Popen) -> None:
-        print(f"{self.phase}: {self.launched} job(s) launched; log: {self.log_path}", flush=True)
+        rest = f" ({self.launched} in the multirun, the others already done)" if self.launched != self.todo else ""
+        print(f"{self.phase}: {self.todo} job(s) launched{rest}; log: {self.log_path}", flush=True)
         self._tic = time.perf_counter()
         self._threads = [threading.Thread(target=self._copy, args=(proc.stdout,), daemon=True),
                          threading.Thread(target=self._watch, daemon=True)]

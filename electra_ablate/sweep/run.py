@@ -105,7 +105,7 @@ def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
         ctx, launcher, ctx.pretrain_overrides, sweep_dir)
     return _launch_phase(result, command, dry_run, "pre-training multirun exited with %d: some jobs failed "
                                                    "(listed in the report); going on",
-                         PhaseConsole("pretrain", len(labels) * len(seeds), sweep_dir / "console.log"))
+                         PhaseConsole("pretrain", len(labels) * len(seeds), sweep_dir / "console.log", todo=len(todo)))
 
 
 def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
@@ -136,7 +136,8 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
         ctx, launcher, ctx.finetune_overrides, sweep_dir)
     return _launch_phase(result, command, dry_run,
                          "fine-tuning multirun exited with %d: some jobs failed (listed in the report)",
-                         PhaseConsole("finetune", len(ckpts) * len(tasks) * len(seeds), sweep_dir / "console.log"))
+                         PhaseConsole("finetune", len(ckpts) * len(tasks) * len(seeds), sweep_dir / "console.log",
+                                      todo=len(todo)))
 
 
 def _launch_phase(result: PhaseResult, command: list[str], dry_run: bool, failed: str,

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import pytorch_lightning as pl
 import torch
 
-from electra_ablate.common import io
+from electra_ablate.common import console, io
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.tokenizer import load_tokenizer
 from electra_ablate.glue import submit
@@ -208,8 +208,9 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         run.finish(*tracking.end_status(error))
         raise
     key = task.paper_metric
-    log.info("%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
-             final[key], score, len(system.history), run.run_id)
+    # The run's outcome, on the console too (common/console.py).
+    console.say(log, "%s seed=%s: final/%s=%.4f (score %.2f) after %d epochs; MLflow run %s", task.name, cfg.seed, key,
+                final[key], score, len(system.history), run.run_id)
     return score
 
 
