@@ -173,7 +173,7 @@ def test_an_arm_not_pre_trained_yet_is_not_called_random_init(tmp_path):
 
 def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     write_records(tmp_path, {("cpu_regime", None): cpu_regime_verdicts()})
-    single = holds.current(tmp_path)
+    single = holds.table(*holds.preset_records(tmp_path))
     assert single[0].startswith("| claim | paper (GLUE) | verdict here |")  # no 30k report: no 30k columns
     assert "`cpu_regime_30k`: `OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k" not in "\n".join(single)
     # At the 30k vocabulary ELECTRA beats BERT and clears the floor; only the ELECTRA claims are recorded there.
@@ -181,7 +181,7 @@ def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     turned = Verdict(vs.claim, difference(3.1, 0.9, 5.2), ("sst2",), {"electra": 3, "bert": 3}, 5.0, True, "holds",
                      "–", runs={"electra": 15, "bert": 15})
     write_records(tmp_path, {("cpu_regime_30k", None): [turned]})
-    lines = holds.current(tmp_path)
+    lines = holds.table(*holds.preset_records(tmp_path))
     assert lines[0] == ("| claim | paper (GLUE) | verdict: `cpu_regime` (2k vocabulary, sequence 64) | "
                         "Δ points [95% interval] | verdict: `cpu_regime_30k` (30k vocabulary, sequence 128) | "
                         "Δ points [95% interval] | pre-training per run (cpu_regime; cpu_regime_30k) | "
@@ -198,8 +198,7 @@ def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     assert any("sweep=table5_efficiency scale=cpu_30k hydra/launcher=joblib" in line for line in lines)
     assert holds.is_cpu_scale(load_sweep("weight_sharing", "cpu_30k"))
     # The README's short table: each preset's verdict and difference side by side.
-    (_, _, first), (_, _, second) = holds.PRESETS
-    short = holds.summary_table(holds.load_records(tmp_path, first), holds.load_records(tmp_path, second))
+    short = holds.summary_table(*holds.preset_records(tmp_path))
     assert short[0] == "| claim | `cpu_regime` | Δ [95% interval] | `cpu_regime_30k` | Δ [95% interval] | reports |"
     assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | **holds** | +3.1 [+0.9, +5.2] | "
             "[cpu_regime.md](reports/cpu_regime.md), [cpu_regime_30k.md](reports/cpu_regime_30k.md) |") in short

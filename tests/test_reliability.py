@@ -176,6 +176,17 @@ def job_logs(sweep_dir: Path) -> dict[str, str]:
     return {p.parent.name: p.read_text() for p in sorted(sweep_dir.glob("*/*.log"))}
 
 
+def run_while_held(lock: Path, cmd: list[str]) -> tuple[subprocess.CompletedProcess, subprocess.Popen]:
+    """Run `cmd` while another process holds the identity lock `lock`; (its result, the holder, now ended)."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=600), holder
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 @pytest.mark.slow
 def test_a_multirun_job_that_cannot_run_says_why_and_the_command_fails(tmp_path, data_dir, token_cache):
     # Job 0's identity is busy (another process holds its lock), job 1's config is refused (a negative learning
@@ -186,15 +197,8 @@ def test_a_multirun_job_that_cannot_run_says_why_and_the_command_fails(tmp_path,
                 f"paths.data_dir={data_dir}", f"paths.cache_dir={token_cache}", "objective=bert"]
     cfg = composed("pretrain", [*settings, "optim.lr=2e-3"])
     lock = tmp_path / "outputs" / "pretrain" / cfg.logger.experiment / tracking.config_hash(cfg) / "run.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        done = subprocess.run([sys.executable, "-m", "electra_ablate.pretrain", "-m", *settings, "optim.lr=2e-3,-1",
-                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
-                              env=env(), capture_output=True, text=True, timeout=600)
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
+    done, holder = run_while_held(lock, [sys.executable, "-m", "electra_ablate.pretrain", "-m", *settings,
+                                         "optim.lr=2e-3,-1", f"hydra.sweep.dir={tmp_path / 'multirun'}"])
     assert done.returncode != 0, done.stderr[-3000:]
     assert "is already running in pid" in done.stderr
     logs = job_logs(tmp_path / "multirun")
@@ -217,15 +221,8 @@ def test_a_busy_fine_tuning_identity_fails_the_job_even_with_keep_going(tmp_path
     (_, task_cfg), = finetuning.selected_tasks(cfg)
     cfg_hash = tracking.config_hash(finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained)))
     lock = tmp_path / "outputs" / "finetune" / cfg.logger.experiment / cfg_hash / "run.lock"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], env=env(), stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        done = subprocess.run([*cmd[:3], "-m", *overrides, "sweep.keep_going=true",
-                               f"hydra.sweep.dir={tmp_path / 'multirun'}"],
-                              env=env(), capture_output=True, text=True, timeout=600)
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
+    done, holder = run_while_held(lock, [*cmd[:3], "-m", *overrides, "sweep.keep_going=true",
+                                         f"hydra.sweep.dir={tmp_path / 'multirun'}"])
     assert done.returncode != 0, done.stderr[-3000:]
     (log,) = job_logs(tmp_path / "multirun").values()
     assert f"is already running in pid {holder.pid}" in log and not all_runs(tmp_path)

@@ -232,10 +232,10 @@ def table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str
     return markdown_table(head, out_rows).splitlines() + _notes([*pending, *pending2], [*incomplete, *incomplete2])
 
 
-def current(report_dir: Path = REPO_ROOT / "reports") -> list[str]:
-    """The table of every preset's reports committed in `report_dir`."""
+def preset_records(report_dir: Path = REPO_ROOT / "reports") -> tuple[list[dict], list[dict]]:
+    """Each preset's records (PRESETS, in order) from the reports committed in `report_dir`."""
     (_, _, first), (_, _, second) = PRESETS
-    return table(load_records(report_dir, first), load_records(report_dir, second))
+    return load_records(report_dir, first), load_records(report_dir, second)
 
 
 def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list | None]:
@@ -305,8 +305,7 @@ def replace_section(text: str, lines: Sequence[str], where: str = "README.md", s
 
 def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
     """README.md and the detail document under `root`: path -> (text now, text with the tables of `report_dir`)."""
-    (_, _, first), (_, _, second) = PRESETS
-    records, other = load_records(report_dir, first), load_records(report_dir, second)
+    records, other = preset_records(report_dir)
     readme, detail = root / "README.md", root / DETAIL_DOC
     out = {}
     for path, lines, start, end in ((readme, summary_table(records, other), START, END),
