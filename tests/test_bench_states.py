@@ -141,6 +141,7 @@ def test_the_command_measures_a_checkpoint_and_the_random_init_fine_tuning_draws
     text = out.read_text()
     assert text.startswith("| encoder | layer | dim. variance |") and text.count("\n") == 2 + len(rows)
     assert all(r["cls_rank"] >= 1.0 and -1.0 <= r["token_cosine"] <= 1.0 for r in rows)
+    assert not (tmp_path / "mlflow.db").exists()  # a directory needs no tracking store
 
 
 @pytest.mark.parametrize("argv, message", [

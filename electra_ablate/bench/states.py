@@ -43,7 +43,8 @@ from electra_ablate.glue.readers import load_split
 from electra_ablate.models.encoder import ElectraModel
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking import store
-from electra_ablate.training.finetune_source import Pretrained, reinit_top_layers, resolve_pretrained
+from electra_ablate.training.finetune_source import (RUN_ID, Pretrained, normalise_spec, reinit_top_layers,
+                                                     resolve_pretrained)
 from electra_ablate.training.finetuning import lowercase
 
 RANDOM = "random init"
@@ -190,7 +191,9 @@ def measure(arms: Sequence[tuple[str, str, bool]], overrides: Sequence[str], exa
     rows = []
     for name, spec, random_init in arms:
         cfg = finetune_config([f"pretrained={spec}", f"random_init={str(random_init).lower()}", *overrides])
-        client = store.open_client(tracking.resolve_tracking_uri(cfg.logger.tracking_uri))
+        # The store is read only for a run id: a directory or hub id needs no MLflow database.
+        client = (store.open_client(tracking.resolve_tracking_uri(cfg.logger.tracking_uri))
+                  if RUN_ID.match(normalise_spec(cfg.pretrained)) else None)
         torch.manual_seed(int(cfg.seed))
         pretrained = resolve_pretrained(cfg, client)
         batch = sentences(cfg, pretrained, examples)
