@@ -364,3 +364,41 @@ def test_the_end_of_pretraining_names_each_objectives_own_accuracies():
                         "| two_stage | 1 | 22.0 / – / – | 29.0 / – / – | – | – | – | 11.0 | – |",
                         "| bert | 2 | 45.0 / – / – | – | – | – | – | – | – |"]
     assert end_of_pretraining_section(spec, states[4:]) == []
+
+
+def test_pretraining_curves_follow_each_finished_run_against_its_flops(tmp_path, data_dir):
+    from electra_ablate.report.collect import pretraining_curves
+    from electra_ablate.report.figures import pretraining_curves_figure
+
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    electra, bert = pretrain_run(client, ctx, "electra"), pretrain_run(client, ctx, "bert")
+    pretrain_run(client, ctx, "replace_mlm", status="FAILED")  # not finished: no curve
+    for step in range(10, 101, 10):
+        client.log_metric(electra, "train/masked_lm_accuracy_at_mask", step / 1000, step=step)
+        client.log_metric(electra, "train/masked_lm_accuracy", step / 500, step=step)
+        client.log_metric(electra, "train/disc_auc", 0.5 + step / 1000, step=step)
+        client.log_metric(bert, "train/masked_lm_accuracy", step / 400, step=step)  # a run from before the split
+    client.log_metric(electra, "train/disc_auc", 0.61, step=100)  # a window logged again by a resumed run
+    data = collect(ctx, client)
+    curves = pretraining_curves(client, data.pretrain)
+    assert sorted(set(curves["run_id"])) == sorted([electra, bert])
+    auc = curves[(curves["metric"] == "disc_auc")].sort_values("step")
+    assert list(auc["step"])[:2] == [10, 20] and auc["flops"].iloc[0] == pytest.approx(10e9)  # electra: 1e9 a step
+    at_bert = curves[(curves["run_id"] == bert)]
+    assert set(at_bert["metric"]) == {"mlm_accuracy"} and at_bert["flops"].max() == pytest.approx(80e9)
+    assert pretraining_curves_figure(data, tmp_path / "curves.png") and (tmp_path / "curves.png").stat().st_size > 0
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
+    assert "![pre-training curves](mini/pretraining_curves.png)" in text
+    assert (tmp_path / "reports" / "mini" / "pretraining_curves.png").is_file()
+
+
+def test_no_pretraining_curve_no_figure(tmp_path, data_dir):
+    from electra_ablate.report.figures import pretraining_curves_figure
+
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    pretrain_run(client, ctx, "bert")  # only train/flops logged
+    data = collect(ctx, client)
+    assert data.curves.empty and not pretraining_curves_figure(data, tmp_path / "curves.png")
+    assert "pre-training curves" not in write_report(ctx, client, tmp_path / "reports").read_text()

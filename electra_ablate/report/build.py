@@ -7,7 +7,8 @@ fine-tuning seeds (mean, std, min, max, best-of-N: the paper reports the median 
 bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py), each
 arm's degenerate runs (dev predictions of one class: report/predictions.py), generator-size curves (paper
 Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
-fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), verdicts on the
+fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), each pre-training
+run's masked-LM accuracy and discriminator AUC against its FLOPs (report/collect.py, pretraining_curves), verdicts on the
 paper's claims (report/verdicts.py; also as data in `reports/<name>/verdicts.json`, from which
 report/holds.py makes the README's "What holds at CPU scale" table, refreshed here when a CPU-scale report is
 written into the repository's `reports/`),
@@ -28,7 +29,8 @@ from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
 from electra_ablate.report import arms, expected_max, holds, outcome, verdicts
 from electra_ablate.report.collect import SweepData, collect
-from electra_ablate.report.figures import generator_size_figure, glue_figure, learning_curves_figure
+from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure,
+                                           pretraining_curves_figure)
 from electra_ablate.report.markdown import TASK_NAMES, end_of_pretraining_section, final_health, render
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.provenance import provenance
@@ -83,6 +85,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     wants_curves = "learning_curves" in ctx.spec.figures or data.intermediate  # every checkpoint fine-tuned is shown
     if wants_curves and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
+    if pretraining_curves_figure(data, staging / "pretraining_curves.png"):
+        figures["pretraining_curves"] = f"{name}/pretraining_curves.png"
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
     if summary.tasks:
         panels = expected_max.curves(final, summary.seed_glue, summary.tasks)
@@ -92,8 +96,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     paper = load_paper_results()
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems)
-    closing = (pretrain_recipe_lines(data.pretrain) + end_of_pretraining_section(ctx.spec, data.pretrain, paper)
-               + recipe_lines(final, data.frame) + verdicts.render(results))
+    end = end_of_pretraining_section(ctx.spec, data.pretrain, paper, figures.get("pretraining_curves"))
+    closing = pretrain_recipe_lines(data.pretrain) + end + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]

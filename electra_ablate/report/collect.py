@@ -37,6 +37,8 @@ class SweepData:
     flops: dict[tuple[str, int], float] = field(default_factory=dict)  # (pretrain run, step) -> FLOPs
     # run id -> dev predictions (None: no artifact), for the final checkpoints' runs (the verdicts' input)
     predictions: dict[str, mb.RunPredictions | None] = field(default_factory=dict)
+    # the finished pre-training runs' logged curves, one row per (run, metric, step) (pretraining_curves)
+    curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
 
     @property
     def intermediate(self) -> bool:
@@ -131,10 +133,38 @@ def collect(ctx: SweepContext, client) -> SweepData:
     scores = pd.DataFrame.from_records(records, columns=[
         "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id",
         "degenerate"])
-    data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions)
+    data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions,
+                     curves=pretraining_curves(client, states))
     if "learning_curves" in spec.figures or data.intermediate:
         data.flops = checkpoint_flops(client, states, checkpoints)
     return data
+
+
+CURVE_COLUMNS = ["variant", "pretrain_seed", "run_id", "metric", "step", "flops", "value"]
+# What the pre-training curves show, by the name a report gives it: the masked-LM accuracy at [MASK] positions
+# (the encoder's where it is a masked LM, the generator's where there is one; copying the input scores nothing
+# there), the whole masked-LM accuracy for runs logged before the split, and the discriminator's ROC AUC.
+CURVE_METRICS = {"mlm_accuracy_at_mask": ("train/gen_masked_lm_accuracy_at_mask", "train/masked_lm_accuracy_at_mask"),
+                 "mlm_accuracy": ("train/gen_masked_lm_accuracy", "train/masked_lm_accuracy"),
+                 "disc_auc": ("train/disc_auc",)}
+
+
+def pretraining_curves(client, states: Sequence[PretrainState]) -> pd.DataFrame:
+    """The logged training-window curves of every finished pre-training run, against its steps and FLOPs
+    (train/flops at the same step): one row per (run, metric, step), metric a key of CURVE_METRICS, the first
+    of its MLflow keys the run has (the generator's accuracy before the encoder's, which for ELECTRA is the
+    generator's anyway)."""
+    rows = []
+    for s in (s for s in states if s.run is not None):
+        run_id, logged = s.run.info.run_id, s.run.data.metrics
+        flops = dict((m.step, m.value) for m in client.get_metric_history(run_id, "train/flops"))
+        for name, keys in CURVE_METRICS.items():
+            key = next((k for k in keys if k in logged), None)
+            if key is None:
+                continue
+            for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step):
+                rows.append((s.job.variant, s.job.seed, run_id, name, m.step, flops.get(m.step, math.nan), m.value))
+    return pd.DataFrame.from_records(rows, columns=CURVE_COLUMNS)
 
 
 def is_missing(value) -> bool:

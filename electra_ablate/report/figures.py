@@ -125,3 +125,40 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
+    """Each finished pre-training run's masked-LM accuracy at [MASK] (left) and discriminator ROC AUC (right)
+    against its pre-training FLOPs, one line per run, one colour per arm: whether and when each objective's
+    signal formed, at equal compute. False (nothing drawn) when no run logged either."""
+    curves = data.curves.dropna(subset=["flops"])
+    if curves.empty:
+        return False
+    curves = curves.drop_duplicates(["run_id", "metric", "step"], keep="last")  # a resumed window, logged twice
+    # At [MASK] only where every run logged it (runs from before the split have the whole accuracy alone).
+    runs_with = {m: set(curves.loc[curves["metric"] == m, "run_id"]) for m in ("mlm_accuracy_at_mask", "mlm_accuracy")}
+    mlm = "mlm_accuracy_at_mask" if runs_with["mlm_accuracy"] <= runs_with["mlm_accuracy_at_mask"] else "mlm_accuracy"
+    panels = [(mlm, "masked-LM accuracy at [MASK] (%)" if mlm == "mlm_accuracy_at_mask" else "masked-LM accuracy (%)",
+               100.0), ("disc_auc", "discriminator ROC AUC", 1.0)]
+    panels = [p for p in panels if (curves["metric"] == p[0]).any()]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    colours = {label: f"C{i}" for i, label in enumerate(v.label for v in data.ctx.spec.variants)}
+    for ax, (metric, ylabel, factor) in zip(axes[0], panels):
+        shown = set()
+        for (variant, _), g in curves[curves["metric"] == metric].groupby(["variant", "run_id"], sort=False):
+            g = g.sort_values("step")
+            ax.plot(g["flops"], g["value"] * factor, color=colours.get(variant, "0.3"), lw=1, alpha=0.8,
+                    label=None if variant in shown else variant)
+            shown.add(variant)
+        if metric == "disc_auc":
+            ax.axhline(0.5, ls=":", color="0.4", label="chance")
+        ax.set_xscale("log")
+        ax.set_xlabel("pre-training FLOPs (paper accounting)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    axes[0][0].set_title(f"{data.ctx.spec.name}: pre-training, one line per run", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -350,9 +350,10 @@ def end_cell(rows: list[dict], keys: tuple[str, ...], factor: float, digits: int
     return "–" if all(p == "–" for p in parts) else " / ".join(parts)
 
 
-def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = None) -> list[str]:
+def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = None, figure: str | None = None) -> list[str]:
     """The "Pre-training at its end" section: per pre-trained arm, the medians over its finished runs of
-    arms.end_of_pretraining, beside the paper's generator MLM accuracy where it gives one; [] without runs."""
+    arms.end_of_pretraining, beside the paper's generator MLM accuracy where it gives one, and the runs' curves
+    (`figure`: figures.pretraining_curves_figure's path) when drawn; [] without runs."""
     by_arm: dict[str, list[dict]] = {}
     for s in pretrain_states:
         if s.run is not None:
@@ -379,4 +380,8 @@ def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = No
             "(as google-research/electra's metric_fn: of the tokens it calls replaced, and of those replaced) "
             "with the share of replaced tokens, all over the positions its loss covers: every token for ELECTRA, "
             "the masked 15% for ELECTRA 15%, whose numbers are therefore not comparable with ELECTRA's. These "
-            "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), ""]
+            "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), "",
+            *(["How each run got there: the masked-LM accuracy at [MASK] positions (the generator's for ELECTRA's "
+               "objectives) and the discriminator's ROC AUC in every logged window, against the pre-training FLOPs "
+               "spent so far, one line per pre-training run.", "", f"![pre-training curves]({figure})", ""]
+              if figure else [])]
