@@ -373,7 +373,8 @@ def test_pretraining_curves_follow_each_finished_run_against_its_flops(tmp_path,
     ctx = make_context(tmp_path, data_dir)
     client = tracking.setup(ctx.tracking_uri, "mini")
     electra, bert = pretrain_run(client, ctx, "electra"), pretrain_run(client, ctx, "bert")
-    pretrain_run(client, ctx, "replace_mlm", status="FAILED")  # not finished: no curve
+    stopped = pretrain_run(client, ctx, "replace_mlm", status="KILLED")  # not finished: drawn as far as it got
+    client.log_metric(stopped, "train/masked_lm_accuracy", 0.01, step=10)
     for step in range(10, 101, 10):
         client.log_metric(electra, "train/masked_lm_accuracy_at_mask", step / 1000, step=step)
         client.log_metric(electra, "train/masked_lm_accuracy", step / 500, step=step)
@@ -382,7 +383,9 @@ def test_pretraining_curves_follow_each_finished_run_against_its_flops(tmp_path,
     client.log_metric(electra, "train/disc_auc", 0.61, step=100)  # a window logged again by a resumed run
     data = collect(ctx, client)
     curves = pretraining_curves(client, data.pretrain)
-    assert sorted(set(curves["run_id"])) == sorted([electra, bert])
+    assert sorted(set(curves["run_id"])) == sorted([electra, bert, stopped])
+    assert set(curves.loc[curves["run_id"] == stopped, "finished"]) == {False}
+    assert set(curves.loc[curves["run_id"] != stopped, "finished"]) == {True}
     auc = curves[(curves["metric"] == "disc_auc")].sort_values("step")
     assert list(auc["step"])[:2] == [10, 20] and auc["flops"].iloc[0] == pytest.approx(10e9)  # electra: 1e9 a step
     at_bert = curves[(curves["run_id"] == bert)]
@@ -402,3 +405,14 @@ def test_no_pretraining_curve_no_figure(tmp_path, data_dir):
     data = collect(ctx, client)
     assert data.curves.empty and not pretraining_curves_figure(data, tmp_path / "curves.png")
     assert "pre-training curves" not in write_report(ctx, client, tmp_path / "reports").read_text()
+
+
+def test_a_sweep_whose_pretraining_runs_are_all_unfinished_shows_them_so_far(tmp_path, data_dir):
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    running = pretrain_run(client, ctx, "electra", status="RUNNING")
+    for step in (10, 20):
+        client.log_metric(running, "train/disc_auc", 0.6, step=step)
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
+    section = text.split("## Pre-training so far")[1].split("\n## ")[0]
+    assert "No pre-training run has finished yet." in section and "![pre-training curves]" in section

@@ -140,7 +140,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
     return data
 
 
-CURVE_COLUMNS = ["variant", "pretrain_seed", "run_id", "metric", "step", "flops", "value"]
+CURVE_COLUMNS = ["variant", "pretrain_seed", "run_id", "finished", "metric", "step", "flops", "value"]
 # What the pre-training curves show, by the name a report gives it: the masked-LM accuracy at [MASK] positions
 # (the encoder's where it is a masked LM, the generator's where there is one; copying the input scores nothing
 # there), the whole masked-LM accuracy for runs logged before the split, and the discriminator's ROC AUC.
@@ -150,20 +150,25 @@ CURVE_METRICS = {"mlm_accuracy_at_mask": ("train/gen_masked_lm_accuracy_at_mask"
 
 
 def pretraining_curves(client, states: Sequence[PretrainState]) -> pd.DataFrame:
-    """The logged training-window curves of every finished pre-training run, against its steps and FLOPs
-    (train/flops at the same step): one row per (run, metric, step), metric a key of CURVE_METRICS, the first
-    of its MLflow keys the run has (the generator's accuracy before the encoder's, which for ELECTRA is the
+    """The logged training-window curves of each grid job's pre-training run, against its steps and FLOPs
+    (train/flops at the same step): its finished run, else its newest unfinished one (running, or stopped and
+    resumable), as far as it got. One row per (run, metric, step), metric a key of CURVE_METRICS, the first of
+    its MLflow keys the run has (the generator's accuracy before the encoder's, which for ELECTRA is the
     generator's anyway)."""
     rows = []
-    for s in (s for s in states if s.run is not None):
-        run_id, logged = s.run.info.run_id, s.run.data.metrics
+    for s in states:
+        run = s.run if s.run is not None else s.failed
+        if run is None:
+            continue
+        run_id, logged = run.info.run_id, run.data.metrics
         flops = dict((m.step, m.value) for m in client.get_metric_history(run_id, "train/flops"))
         for name, keys in CURVE_METRICS.items():
             key = next((k for k in keys if k in logged), None)
             if key is None:
                 continue
             for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step):
-                rows.append((s.job.variant, s.job.seed, run_id, name, m.step, flops.get(m.step, math.nan), m.value))
+                rows.append((s.job.variant, s.job.seed, run_id, s.run is not None, name, m.step,
+                             flops.get(m.step, math.nan), m.value))
     return pd.DataFrame.from_records(rows, columns=CURVE_COLUMNS)
 
 

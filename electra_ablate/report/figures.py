@@ -128,9 +128,9 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
 
 
 def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
-    """Each finished pre-training run's masked-LM accuracy at [MASK] (left) and discriminator ROC AUC (right)
-    against its pre-training FLOPs, one line per run, one colour per arm: whether and when each objective's
-    signal formed, at equal compute. False (nothing drawn) when no run logged either."""
+    """Each pre-training run's masked-LM accuracy at [MASK] (left) and discriminator ROC AUC (right) against
+    its pre-training FLOPs, one line per run (dashed while unfinished), one colour per arm: whether and when
+    each objective's signal formed, at equal compute. False (nothing drawn) when no run logged either."""
     curves = data.curves.dropna(subset=["flops"])
     if curves.empty:
         return False
@@ -146,11 +146,13 @@ def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
     colours = {label: f"C{i}" for i, label in enumerate(v.label for v in data.ctx.spec.variants)}
     for ax, (metric, ylabel, factor) in zip(axes[0], panels):
         shown = set()
-        for (variant, _), g in curves[curves["metric"] == metric].groupby(["variant", "run_id"], sort=False):
+        for (variant, finished, _), g in curves[curves["metric"] == metric].groupby(["variant", "finished", "run_id"],
+                                                                                   sort=False):
             g = g.sort_values("step")
+            label = variant if finished else f"{variant} (unfinished)"
             ax.plot(g["flops"], g["value"] * factor, color=colours.get(variant, "0.3"), lw=1, alpha=0.8,
-                    label=None if variant in shown else variant)
-            shown.add(variant)
+                    ls="-" if finished else "--", label=None if label in shown else label)
+            shown.add(label)
         if metric == "disc_auc":
             ax.axhline(0.5, ls=":", color="0.4", label="chance")
         ax.set_xscale("log")

@@ -358,8 +358,12 @@ def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = No
     for s in pretrain_states:
         if s.run is not None:
             by_arm.setdefault(s.job.variant, []).append(arms.end_of_pretraining(s.run))
+    curves = ["How each run got there: the masked-LM accuracy at [MASK] positions (the generator's for ELECTRA's "
+              "objectives) and the discriminator's ROC AUC in every logged window, against the pre-training FLOPs "
+              "spent so far, one line per pre-training run (dashed: not finished yet).", "",
+              f"![pre-training curves]({figure})", ""] if figure else []
     if not by_arm:
-        return []
+        return ["## Pre-training so far", "", "No pre-training run has finished yet.", "", *curves] if curves else []
     paper_acc = {v.label: (paper_row(spec, v.label, paper)[0] or {}).get("generator_mlm_accuracy") for v in spec.variants}
     with_paper = any(v is not None for v in paper_acc.values())
     rows = []
@@ -380,8 +384,4 @@ def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = No
             "(as google-research/electra's metric_fn: of the tokens it calls replaced, and of those replaced) "
             "with the share of replaced tokens, all over the positions its loss covers: every token for ELECTRA, "
             "the masked 15% for ELECTRA 15%, whose numbers are therefore not comparable with ELECTRA's. These "
-            "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), "",
-            *(["How each run got there: the masked-LM accuracy at [MASK] positions (the generator's for ELECTRA's "
-               "objectives) and the discriminator's ROC AUC in every logged window, against the pre-training FLOPs "
-               "spent so far, one line per pre-training run.", "", f"![pre-training curves]({figure})", ""]
-              if figure else [])]
+            "numbers explain the GLUE table; they do not enter the verdicts.", "", table(header, rows), "", *curves]
