@@ -358,9 +358,10 @@ def end_of_pretraining_section(spec, pretrain_states, paper: Mapping | None = No
     for s in pretrain_states:
         if s.run is not None:
             by_arm.setdefault(s.job.variant, []).append(arms.end_of_pretraining(s.run))
-    curves = ["How each run got there: the masked-LM accuracy at [MASK] positions (the generator's for ELECTRA's "
-              "objectives) and the discriminator's ROC AUC in every logged window, against the pre-training FLOPs "
-              "spent so far, one line per pre-training run (dashed: not finished yet).", "",
+    curves = ["How each run got there: the masked-LM accuracy (the generator's for ELECTRA's objectives; at [MASK] "
+              "positions alone when every run logged it apart, as the axis says) and the discriminator's ROC AUC in "
+              "every logged window, against the pre-training FLOPs spent so far, one line per pre-training run "
+              "(dashed: not finished yet).", "",
               f"![pre-training curves]({figure})", ""] if figure else []
     if not by_arm:
         return ["## Pre-training so far", "", "No pre-training run has finished yet.", "", *curves] if curves else []
