@@ -261,10 +261,12 @@ def check_joblib_pretrain(result: Result, runner: Runner) -> None:
     assert {"0", "1"} <= seeds, seeds
 
 
-def check_states(result: Result, runner: Runner) -> None:
-    """docs/cpu_scale.md: a row per (encoder, layer), the output the classifier reads among them."""
-    for name in ("electra", "electra-lr5e-4", "bert", "random init"):
-        assert f"| {name} | embeddings |" in result.output and f"| {name} | output |" in result.output, name
+def check_states(*names: str):
+    def check(result: Result, runner: Runner) -> None:
+        """docs/cpu_scale.md: a row per (encoder, layer), the output the classifier reads among them."""
+        for name in (*names, "random init"):
+            assert f"| {name} | embeddings |" in result.output and f"| {name} | output |" in result.output, name
+    return check
 
 
 def section(text: str, title: str) -> str:
@@ -397,6 +399,14 @@ COMMANDS: dict[str, Smoke | Skip] = {
        "hydra.launcher.n_jobs=2": Skip("hours of two cores; every job's config composes "
                                        "(test_documented_command_composes)")
        for name in ("table5_efficiency", "weight_sharing", "generator_size", "training_algorithms")},
+    "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
+        Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
+             "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
+    "python -m electra_ablate.report sweep=cpu_regime_30k report_dir=<folder>":
+        Smoke((REPORT_DIR,), replace={"<folder>": "{tmp}/reports"},
+              check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
+    "python -m electra_ablate.bench.states electra=<final dir> bert=<final dir> --random-init-of bert":
+        Smoke(("--examples 8",), replace={"<final dir>": BERT_DIR}, check=check_states("electra", "bert")),
     "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":
         Skip("times the presets on the real corpus (minutes); tests/test_bench.py runs the section at test sizes"),
     ("python -m electra_ablate.bench.pilot bert30k-s128 experiment=cpu_regime_30k objective=bert seed=0 "
@@ -508,7 +518,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
     ("python -m electra_ablate.bench.states electra=<electra run id> electra-lr5e-4=<electra lr 5e-4 run id> "
      "bert=<bert run id> --random-init-of electra --examples 512 --override glue_data.max_seq_length=64"):
         Smoke(("--examples 8",), replace={"<electra run id>": RUN_ID, "<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID,
-                                          "<bert run id>": BERT_DIR}, check=check_states),
+                                          "<bert run id>": BERT_DIR}, check=check_states("electra", "electra-lr5e-4", "bert")),
     COLLAPSE_LR5E4: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
     **{"python -m electra_ablate.finetune -m pretrained=<electra lr 5e-4 run id> task=sst2 seed=0,1,2 " + change
        + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID},
