@@ -37,7 +37,7 @@ class SweepData:
     flops: dict[tuple[str, int], float] = field(default_factory=dict)  # (pretrain run, step) -> FLOPs
     # run id -> dev predictions (None: no artifact), for the final checkpoints' runs (the verdicts' input)
     predictions: dict[str, mb.RunPredictions | None] = field(default_factory=dict)
-    # the finished pre-training runs' logged curves, one row per (run, metric, step) (pretraining_curves)
+    # each grid job's pre-training run's logged curves, finished or as far as it got (pretraining_curves)
     curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
 
     @property
