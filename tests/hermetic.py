@@ -166,13 +166,16 @@ def finetune_hash_of(ctx, client):
     """(variant or pre-training run id, pretrained step, task, seed) -> the config hash a fine-tuning job of `ctx`'s grid records, for
     stores that tests fill by hand: the report counts only runs of the grid's current fine-tuning config."""
     from electra_ablate.sweep.jobs import Checkpoint
-    from electra_ablate.sweep.plan import checkpoints_of, finetune_hashes, pretrain_states, random_init_checkpoints
+    from electra_ablate.sweep.plan import (checkpoints_of, finetune_hashes, pretrain_states, random_init_checkpoints,
+                                           saved_so_far)
 
     checkpoints = [Checkpoint(v.label, None, None, None, True, None) for v in ctx.spec.variants
                    if v.pretrained is not None]
     for state in pretrain_states(ctx, client):
         if state.run is not None:
             checkpoints += checkpoints_of(state, ctx.spec.checkpoints)[0]
+        else:
+            checkpoints += saved_so_far(state, ctx.spec.checkpoints)
     checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
     by_name = {c.config_name: c for c in checkpoints}
     out = {}

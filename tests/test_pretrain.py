@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
 from electra_ablate.common.variants import option_class, options
-from electra_ablate.models.checkpoint import load_pretrained
+from electra_ablate.models.checkpoint import MODEL_NAME, load_pretrained
 from electra_ablate.training.system import TrainingError
 from electra_ablate.training import checks
 from electra_ablate.common.cli import CONF_DIR
@@ -77,6 +77,8 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, s
     client = MlflowClient(f"sqlite:///{crashed}/mlflow.db")
     (failed,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     assert failed.info.status == "FAILED"
+    exported = Path(json.loads(failed.data.tags["checkpoints"])["12"])  # saved at step 12, before the crash at 13
+    before = (exported / MODEL_NAME).stat().st_mtime_ns
 
     resumed_id = pretrain.train(cfg)  # same config: picks up the interrupted run from step 8
     assert resumed_id == failed.info.run_id
@@ -86,6 +88,13 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, s
         assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, got, expected)
     tags = client.get_run(resumed_id).data.tags
     assert set(json.loads(tags["checkpoints"])) == {"12", "24"}
+    # Passing step 12 again, the resumed run kept the export it had made (it may be fine-tuned meanwhile); the
+    # steps it recomputed give the same weights.
+    assert json.loads(tags["checkpoints"])["12"] == str(exported)
+    assert (exported / MODEL_NAME).stat().st_mtime_ns == before
+    straight_12 = json.loads(MlflowClient(f"sqlite:///{straight}/mlflow.db").get_run(run_id).data.tags["checkpoints"])["12"]
+    kept, reference = load_pretrained(exported)[0].state_dict(), load_pretrained(straight_12)[0].state_dict()
+    assert all(torch.allclose(kept[k], reference[k], rtol=1e-5, atol=1e-6) for k in reference)
 
 
 def test_a_finished_run_is_found_and_not_recomputed(tmp_path, pretrain_cfg):

@@ -63,14 +63,16 @@ def start(client, tags, params=None) -> tracking.RunLogger:
     return tracking.RunLogger.start(client, "mini", tags.get("variant", "run"), {k: str(v) for k, v in tags.items()}, params)
 
 
-def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0, vocab: str | None = None) -> str:
+def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int = 0, vocab: str | None = None,
+                 checkpoints: dict | None = None, last_step: int = 100) -> str:
     cfg_hash = tracking.config_hash(ctx.compose_pretrain(PretrainJob(variant, seed)))
+    checkpoints = {"50": "/ckpt/step_50", "100": "/ckpt/final"} if checkpoints is None else checkpoints
     tags = {"kind": "pretrain", "config_hash": cfg_hash, "variant": variant, "sweep": "mini", "seed": seed,
             "objective": variant, "generator": "neural", "generator_hidden_size": 0.25, "disc_hidden_size": 128,
-            "git_commit": "abc123", "checkpoints": json.dumps({"50": "/ckpt/step_50", "100": "/ckpt/final"})}
+            "git_commit": "abc123", "checkpoints": json.dumps(checkpoints)}
     run = start(client, tags, {"trainer.max_steps": "100", **({tracking.PARAM_VOCAB_SHA256: vocab} if vocab else {})})
     per_step = 1e9 if variant == "electra" else 0.8e9
-    for step in range(10, 101, 10):
+    for step in range(10, last_step + 1, 10):
         run.log_metrics({"train/flops": per_step * step}, step)
     run.log_metrics({"flops/total": per_step * 100}, 100)
     run.finish(status)
@@ -186,6 +188,45 @@ def test_failed_and_missing_runs_are_listed_not_fatal(store, tmp_path):
     assert re.search(r"pre-training replace_mlm seed 0 .*: FAILED .*not fine-tuned", section)
     assert "fine-tuning bert-s0-final rte seed 2: FAILED" in section
     assert "electra seed 5" not in text  # outside the grid
+
+
+def test_an_unfinished_run_is_fine_tuned_and_reported_at_the_checkpoints_it_saved(tmp_path, data_dir):
+    """A long run's early checkpoints count while it goes on; its missing final one is waited for, not faked."""
+    from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME
+    from electra_ablate.sweep.plan import finetune_plan
+
+    ctx = make_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    saved = {}
+    for name in ("bert/step_50", "bert/final", "electra/step_50"):
+        saved[name] = tmp_path / name
+        saved[name].mkdir(parents=True)
+        for file in (CONFIG_NAME, MODEL_NAME):
+            (saved[name] / file).write_text("{}")
+    bert = pretrain_run(client, ctx, "bert", checkpoints={"50": str(saved["bert/step_50"]), "100": str(saved["bert/final"])})
+    electra = pretrain_run(client, ctx, "electra", status="KILLED", checkpoints={"50": str(saved["electra/step_50"])},
+                           last_step=70)
+    # Saved, but its directory is gone: not fine-tuned, not reported.
+    pretrain_run(client, ctx, "replace_mlm", status="RUNNING", checkpoints={"50": str(tmp_path / "gone")})
+
+    todo, _, _ = finetune_plan(ctx, client)
+    by_source = {(c.run_id, c.step, c.final) for c, _, _ in todo}
+    assert by_source == {(bert, 50, False), (bert, 100, True), (electra, 50, False)}
+    assert len([j for j in todo if j[0].run_id == electra]) == 2 * 3  # rte and mrpc x 3 seeds
+
+    hashes = finetune_hash_of(ctx, client)
+    for task in ("rte", "mrpc"):
+        for seed in range(3):
+            finetune_run(client, electra, "electra", 50, task, seed, 60.0 + seed, hashes=hashes)
+    data = collect(ctx, client)
+    electra_rows = data.scores[data.scores["variant"] == "electra"]
+    assert set(electra_rows["step"]) == {50} and not electra_rows["final"].any() and len(electra_rows) == 6
+    assert any(re.search(r"pre-training electra seed 0 .*: KILLED .*fine-tuned only at the steps it saved "
+                         r"\(50 of 100\)", p) for p in data.problems)
+    assert any(re.search(r"pre-training replace_mlm seed 0 .*: RUNNING .*not fine-tuned", p) for p in data.problems)
+    curve = learning_curve(data).set_index(["variant", "fraction"])
+    assert curve.loc[("electra", 0.5), "flops"] == pytest.approx(50e9)  # its train/flops, logged up to step 70
+    assert curve.loc[("electra", 0.5), "glue"] == pytest.approx(61.0)
 
 
 def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):

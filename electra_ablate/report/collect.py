@@ -22,7 +22,7 @@ from electra_ablate.report.predictions import is_degenerate, load_run_prediction
 from electra_ablate.sweep.compose import SweepContext
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
 from electra_ablate.sweep.plan import (PretrainState, checkpoints_of, finetune_hashes, finetune_key, key_of,
-                                       pretrain_states, random_init_checkpoints)
+                                       pretrain_states, random_init_checkpoints, saved_so_far)
 from electra_ablate.tracking import runs as tracking
 
 
@@ -73,7 +73,11 @@ def collect(ctx: SweepContext, client) -> SweepData:
             checkpoints += found
             problems += [f"{m}: its fine-tuning jobs were not run" for m in missing]
         elif s.failed is not None:
-            problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); not fine-tuned")
+            found = saved_so_far(s, spec.checkpoints)
+            checkpoints += found
+            done = (f"fine-tuned only at the steps it saved ({', '.join(str(c.step) for c in found)} of "
+                    f"{s.max_steps})" if found else "not fine-tuned")
+            problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); {done}")
         else:
             problems.append(f"{what}: missing (no MLflow run); not fine-tuned")
     checkpoints += random_init_checkpoints(spec, checkpoints)
@@ -180,7 +184,7 @@ def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Seque
     """Pre-training FLOPs at each checkpoint: the run's train/flops at that step (interpolated between logged
     steps), else flops/total scaled by step / max_steps."""
     out = {}
-    runs = {s.run.info.run_id: s for s in states if s.run is not None}
+    runs = {(s.run or s.failed).info.run_id: s for s in states if (s.run or s.failed) is not None}
     for c in checkpoints:
         if c.run_id is None or c.run_id not in runs:
             continue
@@ -188,7 +192,9 @@ def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Seque
         if history and history[0][0] <= c.step <= history[-1][0]:
             steps, values = zip(*history)
             out[(c.run_id, c.step)] = float(np.interp(c.step, steps, values))
-        elif "flops/total" in runs[c.run_id].run.data.metrics:
-            state = runs[c.run_id]
-            out[(c.run_id, c.step)] = state.run.data.metrics["flops/total"] * c.step / max(c.step, state.max_steps)
+            continue
+        state = runs[c.run_id]
+        metrics = (state.run or state.failed).data.metrics
+        if "flops/total" in metrics:
+            out[(c.run_id, c.step)] = metrics["flops/total"] * c.step / max(c.step, state.max_steps)
     return out

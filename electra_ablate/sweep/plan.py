@@ -64,6 +64,22 @@ def checkpoints_of(state: PretrainState, fractions: Sequence[float]) -> tuple[li
     return found, missing
 
 
+def saved_so_far(state: PretrainState, fractions: Sequence[float]) -> list[Checkpoint]:
+    """The checkpoints an unfinished run (running, stopped or failed) has already saved at `fractions` < 1 of its
+    steps, complete on disk. A resumed run goes on from its last checkpoint, past them, so they stay as they are:
+    a long run's early points are fine-tuned and reported while it goes on; its final one waits for its end."""
+    run = state.failed
+    if state.run is not None or run is None:
+        return []
+    saved = {int(k): v for k, v in json.loads(run.data.tags.get("checkpoints", "{}")).items()}
+    found = []
+    for f in fractions:
+        step = int(round(f * state.max_steps))
+        if f < 1.0 and step in saved and pretraining.is_complete(saved[step]):
+            found.append(Checkpoint(state.job.variant, state.job.seed, run.info.run_id, step, False, f))
+    return found
+
+
 def finetune_runs(client, experiment: str) -> tuple[dict[FinetuneKey, list], dict[FinetuneKey, Any]]:
     """FINISHED fine-tuning runs per key (newest first), and the newest unfinished one for keys with none finished."""
     exp = client.get_experiment_by_name(experiment)
@@ -146,6 +162,7 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
     notes: list[str] = []
     for state in pretrain_states(ctx, client):
         if state.run is None:
+            checkpoints += saved_so_far(state, ctx.spec.checkpoints)
             continue
         if state.outputs_missing:  # its weights are gone (and pre-training them again failed): nothing to load
             notes.append(f"{state.job.variant} seed {state.job.seed}: FINISHED run {state.run.info.run_id} has lost "

@@ -9,7 +9,9 @@ submitit = SLURM, Ray):
 1. pre-train every variant x pre-training seed: `python -m electra_ablate.pretrain -m +sweep_variant=<labels>
    seed=<seeds>`, each variant a generated config (sweep.compose);
 2. fine-tune every (pre-training run, checkpoint, task, seed): `python -m electra_ablate.finetune -m
-   +sweep_checkpoint=<checkpoints> task=<tasks> seed=<seeds>`, one generated config per checkpoint;
+   +sweep_checkpoint=<checkpoints> task=<tasks> seed=<seeds>`, one generated config per checkpoint (a run
+   not finished yet contributes the intermediate checkpoints it has saved: `phases=[finetune]` beside a long
+   pre-training fills its learning curve as it goes);
 3. write the report: the callable `report_writer` of conf/sweep.yaml names (electra_ablate.report's
    `write_report`). The report reads runs through this package's spec and plan, so the runner is handed it
    rather than importing it.

@@ -116,7 +116,12 @@ def missing_outputs(run) -> list[str]:
     paths += list(json.loads(tags.get("checkpoints", "{}")).values())
     if not paths:
         return ["(no checkpoint_path tag)"]
-    return [p for p in dict.fromkeys(paths) if not all((Path(p) / f).is_file() for f in (CONFIG_NAME, MODEL_NAME))]
+    return [p for p in dict.fromkeys(paths) if not is_complete(p)]
+
+
+def is_complete(path: str | Path) -> bool:
+    """Whether a pre-trained directory holds its config and its weights."""
+    return all((Path(path) / f).is_file() for f in (CONFIG_NAME, MODEL_NAME))
 
 
 def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[pl.Callback] | None) -> str | None:
@@ -184,9 +189,15 @@ class Exports:
 
     def save(self, step: int, name: str | None = None) -> Path:
         cfg, system = self.cfg, self.system
+        directory = self.store / "pretrained" / (name or f"step_{step}")
+        if name is None and self.saved.get(str(step)) == str(directory) and is_complete(directory):
+            # A resumed run passes a step it had exported before it stopped. That export stays as it is: it
+            # may be fine-tuned already, or being fine-tuned now (sweep.plan.saved_so_far).
+            log.info("step %d: %s was exported before the run stopped; kept as it is", step, directory)
+            return directory
         nets = self.sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
         path = save_pretrained(
-            self.store / "pretrained" / (name or f"step_{step}"),
+            directory,
             nets.model,
             self.vocab_path,
             meta={
