@@ -399,6 +399,9 @@ COMMANDS: dict[str, Smoke | Skip] = {
        "hydra.launcher.n_jobs=2": Skip("hours of two cores; every job's config composes "
                                        "(test_documented_command_composes)")
        for name in ("table5_efficiency", "weight_sharing", "generator_size", "training_algorithms")},
+    'python -m electra_ablate.sweep sweep=table1_small scale=small "phases=[finetune,report]"':
+        Skip("Small-size fine-tuning; every job's config composes (test_documented_command_composes), and "
+             "tests/test_report.py fine-tunes and reports an unfinished run's saved checkpoints on a store it fills"),
     "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
         Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
