@@ -227,6 +227,10 @@ def test_an_unfinished_run_is_fine_tuned_and_reported_at_the_checkpoints_it_save
     curve = learning_curve(data).set_index(["variant", "fraction"])
     assert curve.loc[("electra", 0.5), "flops"] == pytest.approx(50e9)  # its train/flops, logged up to step 70
     assert curve.loc[("electra", 0.5), "glue"] == pytest.approx(61.0)
+    text = write_report(ctx, client, tmp_path / "reports").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| electra | 0.5 | 50 |"))
+    assert "| 1 x 3 |" in row  # one pre-training run, three fine-tuning seeds
+    assert "fine-tuned only at the steps it saved (50 of 100)" in text.split("## Failed and missing runs")[1]
 
 
 def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
@@ -242,22 +246,27 @@ def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
 def test_two_stage_checkpoints_up_to_the_switch_are_reported_as_its_generator():
     from types import SimpleNamespace
 
-    def pretrained(run_id, metrics):
-        run = SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(metrics=metrics))
-        return SimpleNamespace(run=run)
+    def pretrained(run_id, metrics, finished=True, params=None):
+        run = SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(metrics=metrics,
+                                                                                        params=params or {}))
+        return SimpleNamespace(run=run if finished else None, failed=None if finished else run, max_steps=400)
 
-    variants = [SimpleNamespace(label=v, random_init_of=None) for v in ("joint", "two_stage")]
-    steps = {"joint": [100, 200, 400], "two_stage": [100, 200, 400]}
+    variants = [SimpleNamespace(label=v, random_init_of=None) for v in ("joint", "two_stage", "going")]
+    steps = {"joint": [100, 200, 400], "two_stage": [100, 200, 400], "going": [100, 200, 300]}
     scores = pd.DataFrame([{"variant": v, "pretrain_run": v, "pretrain_seed": 0, "step": st, "fraction": st / 400,
                             "final": st == 400, "task": "sst2", "seed": 0, "score": 60.0}
                            for v, sts in steps.items() for st in sts])
     data = SimpleNamespace(ctx=SimpleNamespace(spec=SimpleNamespace(variants=variants)), scores=scores, flops={},
-                           pretrain=[pretrained("joint", {}), pretrained("two_stage", {"train/switch_step": 200.0})])
+                           pretrain=[pretrained("joint", {}), pretrained("two_stage", {"train/switch_step": 200.0}),
+                                     # still pre-training, its switch not logged yet: its configured switch counts
+                                     pretrained("going", {}, finished=False, params={"algorithm.switch_fraction": "0.5"})])
     curve = learning_curve(data).set_index(["variant", "step"])["network"]
     # The export at the switch step comes before the switch: the discriminator is still untrained there.
     assert curve.to_dict() == {("joint", 100): "discriminator", ("joint", 200): "discriminator",
                                ("joint", 400): "discriminator", ("two_stage", 100): "generator",
-                               ("two_stage", 200): "generator", ("two_stage", 400): "discriminator"}
+                               ("two_stage", 200): "generator", ("two_stage", 400): "discriminator",
+                               ("going", 100): "generator", ("going", 200): "generator",
+                               ("going", 300): "discriminator"}
 
 
 def test_the_random_init_floor_is_its_final_glue_of_task_medians():

@@ -269,9 +269,11 @@ def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[
 def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mapping) -> list[str]:
     spec = data.ctx.spec
     out = ["## Learning curves: GLUE against pre-training FLOPs", "",
-           "Fine-tuning runs of every checkpoint the sweep fine-tunes, intermediate ones included, of the same "
-           "pre-training runs: each cell is the median over its fine-tuning runs; FLOPs as the paper counts them "
-           "(electra_ablate.models.flops: forward + backward of generator and discriminator).", ""]
+           "Fine-tuning runs of every checkpoint the sweep fine-tunes, intermediate ones included: each cell is the "
+           "median over its fine-tuning runs, of the pre-training runs that have reached that fraction (a run still "
+           "pre-training counts at the checkpoints it has saved; the seeds column says how many each cell holds); "
+           "FLOPs as the paper counts them (electra_ablate.models.flops: forward + backward of generator and "
+           "discriminator).", ""]
     if "learning_curves" in figures:
         out += [f"![learning curves]({figures['learning_curves']})", ""]
     curve = learning_curve(data)
@@ -294,9 +296,10 @@ def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mappin
         rows.append([r["variant"], *([r["network"]] if shows_network else []), f"{r['fraction']:g}", int(r["step"]),
                      f"{r['flops']:.3g}" if not is_missing(r["flops"]) else "–",
                      *([fmt(medians.get(t)) for t in tasks] if len(tasks) > 1 else []),
-                     fmt(r["glue"]), fmt(theirs), int(r["n"]), pr.cell(pr.counts(at, r["variant"], tasks))])
+                     fmt(r["glue"]), fmt(theirs), f"{int(r['pretrain_seeds'])} x {int(r['n'])}",
+                     pr.cell(pr.counts(at, r["variant"], tasks))])
     header = ["variant", *(["network fine-tuned"] if shows_network else []), "fraction of steps", "step", "pre-train FLOPs",
-              *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds",
+              *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds (pre-training x fine-tuning)",
               "degenerate runs"]
     out += [table(header, rows), ""]
     return out + _crossing_lines(spec, curve, random_init_floors(data))

@@ -113,18 +113,25 @@ def curve_runs(data: SweepData) -> pd.DataFrame:
 
 
 def switch_steps(data: SweepData) -> dict[str, float]:
-    """Pre-training run -> the step at which two-stage training switched from the generator to the
-    discriminator (its train/switch_step metric); runs of the other algorithms have none."""
+    """Pre-training run -> the step at which two-stage training switched (or, unfinished, will switch) from the
+    generator to the discriminator (its train/switch_step metric); runs of the other algorithms have none."""
     out = {}
     for state in data.pretrain:
-        metrics = state.run.data.metrics if state.run is not None else {}
-        if "train/switch_step" in metrics:
-            out[state.run.info.run_id] = metrics["train/switch_step"]
+        run = state.run or state.failed
+        if run is None:
+            continue
+        if "train/switch_step" in run.data.metrics:
+            out[run.info.run_id] = run.data.metrics["train/switch_step"]
+        elif "algorithm.switch_fraction" in run.data.params:
+            # A run not finished yet that has not switched (or not logged it yet): where it switches
+            # (algorithms/two_stage.py).
+            out[run.info.run_id] = round(float(run.data.params["algorithm.switch_fraction"]) * state.max_steps)
     return out
 
 
 def learning_curve(data: SweepData) -> pd.DataFrame:
-    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, seed count, and
+    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, fine-tuning and
+    pre-training seed counts (a run still pre-training adds its seed to the early fractions only), and
     the network fine-tuned: `generator` for two-stage checkpoints up to the switch (the discriminator is still
     untrained there, so the generator, an MLM model, is exported), `discriminator` otherwise."""
     s = curve_runs(data)
@@ -141,9 +148,11 @@ def learning_curve(data: SweepData) -> pd.DataFrame:
                      "flops": float(np.mean(flops)) if flops else math.nan, "glue": glue_of(medians),
                      "q25": seeds.quantile(0.25) if len(seeds) else math.nan,
                      "q75": seeds.quantile(0.75) if len(seeds) else math.nan, "n": int(g["seed"].nunique()),
+                     "pretrain_seeds": int(g["pretrain_seed"].nunique()),
                      "network": "generator" if before_switch else "discriminator"})
     order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
-    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n", "network"])
+    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n", "pretrain_seeds",
+                                     "network"])
     return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
 
 
