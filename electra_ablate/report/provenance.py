@@ -120,17 +120,27 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
         lines += ["No sweep run is recorded (the runs were launched by hand); the report's own machine:", "",
                   f"- {env['hardware']}; {env['platform']}; Python {env['python']}", f"- Packages: {env['packages']}"]
     jobs = frame[frame.get("tags.kind", pd.Series(dtype=str)).isin(["pretrain", "finetune"])] if len(frame) else frame
-    grid = {s.run.info.run_id for s in data.pretrain if s.run is not None} | set(data.scores["run_id"]) if len(data.scores) or data.pretrain else set()
+    # The finished pre-training runs, the fine-tuning runs reported, and the unfinished pre-training runs whose
+    # saved checkpoints those fine-tuned.
+    grid = ({s.run.info.run_id for s in data.pretrain if s.run is not None} | set(data.scores["run_id"])
+            | set(data.scores["pretrain_run"].dropna()) if len(data.scores) or data.pretrain else set())
     jobs = jobs[jobs["run_id"].isin(grid)] if len(jobs) else jobs
     if len(jobs):
         commits = sorted(set(jobs.get("tags.git_commit", pd.Series(dtype=str)).dropna()))
-        seconds = (_times(jobs["end_time"]) - _times(jobs["start_time"])).dt.total_seconds()
+        running = jobs["status"] == "RUNNING"
+        ends = _times(jobs["end_time"]).where(~running, pd.Timestamp.now(tz="UTC"))  # a running one: so far
+        seconds = (ends - _times(jobs["start_time"])).dt.total_seconds()
         seconds -= [_idle_seconds(client, r) for _, r in jobs.iterrows()]
         hours = {k: seconds[g.index].sum() for k, g in jobs.groupby("tags.kind")}
+        unfinished = jobs[jobs["status"] != "FINISHED"].groupby("tags.kind").size().to_dict()
+
+        def over(kind: str) -> str:
+            n = int((jobs["tags.kind"] == kind).sum())
+            left = f", {unfinished[kind]} of them not finished (their time so far)" if unfinished.get(kind) else ""
+            return f"over {n} runs{left}"
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
                   "- Compute time of the runs in the tables (sum of run durations, less the time a resumed run lay "
-                  "dead between attempts): "
-                  + ", ".join(f"{k} {_duration(v)} over {int((jobs['tags.kind'] == k).sum())} runs" for k, v in hours.items())]
+                  "dead between attempts): " + ", ".join(f"{k} {_duration(v)} {over(k)}" for k, v in hours.items())]
     vocabs = vocabularies(data)
     lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
     warning = vocabulary_warning(vocabs)
