@@ -231,6 +231,8 @@ def test_an_unfinished_run_is_fine_tuned_and_reported_at_the_checkpoints_it_save
     row = next(line for line in text.splitlines() if line.startswith("| electra | 0.5 | 50 |"))
     assert "| 1 x 3 |" in row  # one pre-training run, three fine-tuning seeds
     assert "fine-tuned only at the steps it saved (50 of 100)" in text.split("## Failed and missing runs")[1]
+    # Its compute counts; replace_mlm's, with nothing reported, does not.
+    assert re.search(r"pretrain \S+ (s|min|h) over 2 runs, 1 of them not finished \(their time so far\)", text)
 
 
 def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):
