@@ -10,6 +10,7 @@ degenerate run, not a failure: it counts with score 0 (no ranking information, a
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from electra_ablate.models.checkpoint import CheckpointError, read_info
 from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.predictions import is_degenerate, load_run_predictions
 from electra_ablate.sweep.compose import SweepContext
@@ -182,7 +184,8 @@ def is_missing(value) -> bool:
 
 def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Sequence[Checkpoint]) -> dict:
     """Pre-training FLOPs at each checkpoint: the run's train/flops at that step (interpolated between logged
-    steps), else flops/total scaled by step / max_steps."""
+    steps), else what the checkpoint recorded when it was saved (a run still going has not logged its latest
+    steps yet), else flops/total scaled by step / max_steps."""
     out = {}
     runs = {(s.run or s.failed).info.run_id: s for s in states if (s.run or s.failed) is not None}
     for c in checkpoints:
@@ -194,7 +197,20 @@ def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Seque
             out[(c.run_id, c.step)] = float(np.interp(c.step, steps, values))
             continue
         state = runs[c.run_id]
-        metrics = (state.run or state.failed).data.metrics
-        if "flops/total" in metrics:
-            out[(c.run_id, c.step)] = metrics["flops/total"] * c.step / max(c.step, state.max_steps)
+        run = state.run or state.failed
+        saved = json.loads(run.data.tags.get("checkpoints", "{}")).get(str(c.step))
+        recorded = _recorded_flops(saved) if saved else None
+        if recorded is not None:
+            out[(c.run_id, c.step)] = recorded
+        elif "flops/total" in run.data.metrics:
+            out[(c.run_id, c.step)] = run.data.metrics["flops/total"] * c.step / max(c.step, state.max_steps)
     return out
+
+
+def _recorded_flops(directory: str) -> float | None:
+    """The FLOPs a pre-trained directory recorded when it was saved (training.pretraining.Exports), if readable."""
+    try:
+        flops = read_info(directory).get("flops")
+    except (CheckpointError, OSError, ValueError):
+        return None
+    return float(flops) if flops is not None else None
