@@ -61,10 +61,9 @@ def _current(rows: Sequence[pd.Series], config_hashes: Sequence[str]) -> pd.Seri
     return next((r for r in rows if r.get(f"tags.{tracking.TAG_CONFIG_HASH}") in config_hashes), None)
 
 
-def collect(ctx: SweepContext, client) -> SweepData:
-    spec = ctx.spec
-    frame = tracking.runs_frame(client, ctx.experiment)
-    states = pretrain_states(ctx, client)
+def _checkpoints(spec, states: Sequence[PretrainState]) -> tuple[list[Checkpoint], list[str]]:
+    """The checkpoints the sweep fine-tunes (a run still going: those it has saved), and a line per pre-training
+    job that is not finished or lacks one."""
     problems: list[str] = []
     checkpoints: list[Checkpoint] = [Checkpoint(v.label, None, None, None, True, None)
                                      for v in spec.variants if v.pretrained is not None]
@@ -82,7 +81,14 @@ def collect(ctx: SweepContext, client) -> SweepData:
             problems.append(f"{what}: {s.failed.info.status} (MLflow run {s.failed.info.run_id}); {done}")
         else:
             problems.append(f"{what}: missing (no MLflow run); not fine-tuned")
-    checkpoints += random_init_checkpoints(spec, checkpoints)
+    return checkpoints + random_init_checkpoints(spec, checkpoints), problems
+
+
+def collect(ctx: SweepContext, client) -> SweepData:
+    spec = ctx.spec
+    frame = tracking.runs_frame(client, ctx.experiment)
+    states = pretrain_states(ctx, client)
+    checkpoints, problems = _checkpoints(spec, states)
 
     ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
     ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft
