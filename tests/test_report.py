@@ -253,7 +253,8 @@ def test_two_stage_checkpoints_up_to_the_switch_are_reported_as_its_generator():
     def pretrained(run_id, metrics, finished=True, params=None):
         run = SimpleNamespace(info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(metrics=metrics,
                                                                                         params=params or {}))
-        return SimpleNamespace(run=run if finished else None, failed=None if finished else run, max_steps=400)
+        return SimpleNamespace(run=run if finished else None, failed=None if finished else run, latest=run,
+                               max_steps=400)
 
     variants = [SimpleNamespace(label=v, random_init_of=None) for v in ("joint", "two_stage", "going")]
     steps = {"joint": [100, 200, 400], "two_stage": [100, 200, 400], "going": [100, 200, 300]}

@@ -193,7 +193,7 @@ def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Seque
     steps), else what the checkpoint recorded when it was saved (a run still going has not logged its latest
     steps yet), else flops/total scaled by step / max_steps."""
     out = {}
-    runs = {(s.run or s.failed).info.run_id: s for s in states if (s.run or s.failed) is not None}
+    runs = {s.latest.info.run_id: s for s in states if s.latest is not None}
     for c in checkpoints:
         if c.run_id is None or c.run_id not in runs:
             continue
@@ -203,7 +203,7 @@ def checkpoint_flops(client, states: Sequence[PretrainState], checkpoints: Seque
             out[(c.run_id, c.step)] = float(np.interp(c.step, steps, values))
             continue
         state = runs[c.run_id]
-        run = state.run or state.failed
+        run = state.latest
         saved = json.loads(run.data.tags.get("checkpoints", "{}")).get(str(c.step))
         recorded = _recorded_flops(saved) if saved else None
         if recorded is not None:

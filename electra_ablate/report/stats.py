@@ -117,7 +117,7 @@ def switch_steps(data: SweepData) -> dict[str, float]:
     generator to the discriminator (its train/switch_step metric); runs of the other algorithms have none."""
     out = {}
     for state in data.pretrain:
-        run = state.run or state.failed
+        run = state.latest
         if run is None:
             continue
         if "train/switch_step" in run.data.metrics:

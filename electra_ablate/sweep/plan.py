@@ -26,6 +26,11 @@ class PretrainState(NamedTuple):
     outputs_missing: bool = False  # FINISHED, but its pre-trained directories are gone: pre-training runs again
 
     @property
+    def latest(self) -> Any:
+        """The finished run, else the newest unfinished one, else None."""
+        return self.run if self.run is not None else self.failed
+
+    @property
     def needs_pretraining(self) -> bool:
         return self.run is None or self.outputs_missing
 
