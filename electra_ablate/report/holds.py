@@ -54,6 +54,7 @@ DETAIL_START = START.replace("what-holds-at-cpu-scale:", "what-holds-at-cpu-scal
 DETAIL_END = END.replace("what-holds-at-cpu-scale", "what-holds-at-cpu-scale-in-full")
 DETAIL_DOC = "docs/cpu_scale.md"
 SANITY = "Pre-training beats no pre-training"
+NOT_RUN = ("not run yet", "not run")
 RECORD = "verdicts.json"
 
 
@@ -159,7 +160,7 @@ def _interval(c: Mapping) -> str:
 
 
 def _verdict(c: Mapping) -> str:
-    if c["verdict"] in ("not run yet", "not run"):
+    if c["verdict"] in NOT_RUN:
         return c["verdict"]
     return f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
 
@@ -245,21 +246,21 @@ def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list |
     sanity: dict[tuple, tuple[str, float | None]] = {}  # (arm, estimate) -> (verdict, estimate)
     sanity_links: list[str] = []
     for r in records:
-        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else f"not run yet: `{r['command']}`"
+        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else ""  # pending: said under the table
         for c in r["claims"]:
             if c["claim"].startswith(SANITY):
-                if c["verdict"] not in ("not run yet", "not run"):  # else the sweep's own rows say how to run it
+                if c["verdict"] not in NOT_RUN:  # else the sweep's own rows say how to run it
                     sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
                     sanity_links += [link] if link not in sanity_links else []
                 continue
             key = (c["claim"], tuple(c["better"]), tuple(c["worse"]))
             if key in rows:
                 if c.get("estimate") is not None and link not in rows[key][-1]:
-                    rows[key][-1] += f", {link}"
+                    rows[key][-1] = ", ".join(x for x in (rows[key][-1], link) if x)
                 continue
             interval = "–" if c.get("estimate") is None else \
                 f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
-            rows[key] = [f"**{c['verdict']}**", interval, link]
+            rows[key] = [c["verdict"] if c["verdict"] in NOT_RUN else f"**{c['verdict']}**", interval, link]
     if not sanity:
         return rows, None
     counts: dict[str, list[str]] = {}
@@ -279,7 +280,8 @@ def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> 
     first, sane = _summary_rows(records)
     if not any(r.get("report") for r in other):
         rows = [[key[0], *cells] for key, cells in first.items()] + ([sane] if sane else [])
-        return markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
+        return (markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
+                + _pending_note(records))
     second, sane2 = _summary_rows(other)
     rows = []
     for key in dict.fromkeys([*first, *second]):
@@ -290,7 +292,17 @@ def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> 
         rows.append([a[0] if sane else b[0], a[1], a[2], b[1], b[2], ", ".join(x for x in (a[3], b[3]) if x)])
     (p1, _, _), (p2, _, _) = PRESETS
     head = ["claim", f"`{p1}`", "Δ [95% interval]", f"`{p2}`", "Δ [95% interval]", "reports"]
-    return markdown_table(head, rows).splitlines()
+    return markdown_table(head, rows).splitlines() + _pending_note([*records, *other])
+
+
+def _pending_note(records: Sequence[Mapping]) -> list[str]:
+    """The README's one line under its table on the sweeps not run yet (their commands are in the full table)."""
+    pending = [f"`{r['sweep']}`" + ("" if r["scale"] is None else f" at `scale={r['scale']}`")
+               for r in records if not r.get("report")]
+    if not pending:
+        return []
+    return ["", f"Not run yet: {', '.join(pending)}; each sweep's command is under the full table in "
+                f"[{DETAIL_DOC}]({DETAIL_DOC}#every-verdict-at-cpu-scale)."]
 
 
 def replace_section(text: str, lines: Sequence[str], where: str = "README.md", start: str = START,
