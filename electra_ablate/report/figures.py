@@ -93,6 +93,7 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
     plt = _pyplot()
     paper = load_paper_results()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
+    with_paper = False
     for i, (variant, g) in enumerate(curve.groupby("variant", sort=False)):
         color = f"C{i}"
         hollow = g["network"] == "generator"  # two-stage's generator, before the switch
@@ -104,6 +105,7 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
             axis.fill_between(x, g["q25"], g["q75"], color=color, alpha=0.2)
         by_fraction = ((paper_row(data.ctx.spec, variant, paper)[0] or {}).get("by_fraction")) or {}
         if by_fraction:
+            with_paper = True
             bx.plot([float(f) for f in by_fraction], list(by_fraction.values()), ls="--", marker="x", color=color,
                     label=f"{variant} (paper)")
     for label, (floor, low, high) in random_init_bands(data).items():  # the floor every curve has to clear
@@ -118,7 +120,7 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
     ax.set_title(f"{score} vs pre-training compute")
     bx.set_xscale("log", base=2)
     bx.set_xlabel("fraction of pre-training steps")
-    bx.set_title("vs fraction of training (paper: dashed)")
+    bx.set_title("vs fraction of training" + (" (paper: dashed)" if with_paper else ""))
     for a in (ax, bx):
         a.legend(fontsize=8)
     fig.tight_layout()
