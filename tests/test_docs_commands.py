@@ -405,9 +405,8 @@ COMMANDS: dict[str, Smoke | Skip] = {
     "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
         Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
-    "python -m electra_ablate.report sweep=cpu_regime_30k report_dir=<folder>":
-        Smoke((REPORT_DIR,), replace={"<folder>": "{tmp}/reports"},
-              check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
+    "python -m electra_ablate.report sweep=cpu_regime_30k":
+        Smoke((REPORT_DIR,), check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
     "python -m electra_ablate.bench.states electra=<final dir> bert=<final dir> --random-init-of bert":
         Smoke(("--examples 8",), replace={"<final dir>": BERT_DIR}, check=check_states("electra", "bert")),
     "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":

@@ -55,6 +55,7 @@ DETAIL_END = END.replace("what-holds-at-cpu-scale", "what-holds-at-cpu-scale-in-
 DETAIL_DOC = "docs/cpu_scale.md"
 SANITY = "Pre-training beats no pre-training"
 NOT_RUN = ("not run yet", "not run")
+NOT_COMMITTED = "not committed yet"
 RECORD = "verdicts.json"
 
 
@@ -172,7 +173,7 @@ def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str
     rows: dict[tuple, list] = {}
     pending, incomplete = [], []
     for r in records:
-        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else "not committed yet"
+        link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else NOT_COMMITTED
         if r.get("missing_or_failed"):
             link += " (incomplete)"
             incomplete.append(f"- [{r['report']}](reports/{r['report']}): {r['missing_or_failed']} jobs of its grid "
@@ -225,7 +226,8 @@ def table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str
         pair = [c or [None, None, "not in its sweeps", "–", "–", "–", "–"] for c in (first, then)]
         out_rows.append([base[0], base[1], pair[0][2], pair[0][3], pair[1][2], pair[1][3],
                          f"{pair[0][4]}; {pair[1][4]}", f"{pair[0][5]}; {pair[1][5]}",
-                         ", ".join(link for link in (pair[0][6], pair[1][6]) if link != "–")])
+                         ", ".join(link for link in (pair[0][6], pair[1][6]) if link not in ("–", NOT_COMMITTED))
+                         or NOT_COMMITTED])
     (p1, what1, _), (p2, what2, _) = PRESETS
     head = ["claim", "paper (GLUE)", f"verdict: `{p1}` ({what1})", "Δ points [95% interval]",
             f"verdict: `{p2}` ({what2})", "Δ points [95% interval]", f"pre-training per run ({p1}; {p2})",
@@ -270,8 +272,12 @@ def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list |
                      for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
     estimates = [e for _, e in sanity.values() if e is not None]
     spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
-    return rows, [f"{SANITY} (each pre-trained arm against random init of its shape: {len(sanity)} comparisons)",
-                  said, spread, ", ".join(sanity_links)]
+    return rows, [f"{SANITY} (each pre-trained arm against random init of its shape: {_comparisons(len(sanity))})",
+                  said, spread, ", ".join(sanity_links), len(sanity)]
+
+
+def _comparisons(n: int) -> str:
+    return f"{n} comparison{'s' if n != 1 else ''}"
 
 
 def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
@@ -279,7 +285,7 @@ def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> 
     preset's records, at least one report committed), each claim's verdict and difference under both presets."""
     first, sane = _summary_rows(records)
     if not any(r.get("report") for r in other):
-        rows = [[key[0], *cells] for key, cells in first.items()] + ([sane] if sane else [])
+        rows = [[key[0], *cells] for key, cells in first.items()] + ([sane[:4]] if sane else [])
         return (markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
                 + _pending_note(records))
     second, sane2 = _summary_rows(other)
@@ -287,10 +293,12 @@ def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> 
     for key in dict.fromkeys([*first, *second]):
         a, b = first.get(key, ["not in its sweeps", "–", ""]), second.get(key, ["not in its sweeps", "–", ""])
         rows.append([key[0], a[0], a[1], b[0], b[1], ", ".join(x for x in (a[2], b[2]) if x)])
-    if sane or sane2:
-        a, b = sane or [SANITY, "–", "–", ""], sane2 or [SANITY, "–", "–", ""]
-        rows.append([a[0] if sane else b[0], a[1], a[2], b[1], b[2], ", ".join(x for x in (a[3], b[3]) if x)])
     (p1, _, _), (p2, _, _) = PRESETS
+    if sane or sane2:
+        a, b = sane or [SANITY, "–", "–", "", 0], sane2 or [SANITY, "–", "–", "", 0]
+        label = (f"{SANITY} (each pre-trained arm against random init of its shape: {_comparisons(a[4])} at "
+                 f"`{p1}`, {_comparisons(b[4])} at `{p2}`)")
+        rows.append([label, a[1], a[2], b[1], b[2], ", ".join(x for x in (a[3], b[3]) if x)])
     head = ["claim", f"`{p1}`", "Δ [95% interval]", f"`{p2}`", "Δ [95% interval]", "reports"]
     return markdown_table(head, rows).splitlines() + _pending_note([*records, *other])
 
