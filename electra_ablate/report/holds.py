@@ -251,7 +251,7 @@ def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list |
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else ""  # pending: said under the table
         for c in r["claims"]:
             if c["claim"].startswith(SANITY):
-                if c["verdict"] not in NOT_RUN:  # else the sweep's own rows say how to run it
+                if c["verdict"] not in NOT_RUN:  # else the note under the table names the sweep
                     sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
                     sanity_links += [link] if link not in sanity_links else []
                 continue
