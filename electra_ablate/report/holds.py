@@ -198,8 +198,8 @@ def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
     if pending:
-        out += ["", "Not run yet (each sized at about 3 hours of two cores on its own, longer beside other work; "
-                "it resumes where it stopped):", "", *pending]
+        out += ["", f"Not run yet (each resumes where it stopped; what each preset's sweeps cost is in {DETAIL_DOC}'s "
+                "section on that preset):", "", *pending]
     return out
 
 
