@@ -207,8 +207,8 @@ def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     (tying,) = [line for line in short if line.startswith("| Tying all weights beats no tying |")]
     assert tying == "| Tying all weights beats no tying | not run yet | – | not run yet | – |  |", tying
     assert not any("python -m electra_ablate.sweep" in line for line in short)
-    assert short[-1].startswith("Not run yet: `table5_efficiency` at `scale=cpu`, `weight_sharing` at `scale=cpu`")
-    assert "`training_algorithms` at `scale=cpu_30k`" in short[-1] and "`cpu_regime_30k`" not in short[-1]
+    assert short[-1].startswith("Not run yet: `table5_efficiency` at scale `cpu`, `weight_sharing` at scale `cpu`")
+    assert "`training_algorithms` at scale `cpu_30k`" in short[-1] and "`cpu_regime_30k`" not in short[-1]
     # The sanity checks fold into one row that counts each preset's comparisons apart.
     (sane,) = [line for line in short if line.startswith(f"| {holds.SANITY}")]
     assert sane.startswith(f"| {holds.SANITY} (each pre-trained arm against random init of its shape: 1 comparison at "

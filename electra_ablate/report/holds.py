@@ -180,8 +180,7 @@ def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str
                               f"missing or failed (the report lists them); `{_command(r['sweep'], r['scale'])}` "
                               "runs what is missing")
         if not r.get("report"):
-            at = "" if r["scale"] is None else f" at scale `{r['scale']}`"
-            pending.append(f"- `{r['sweep']}`{at}: `{r['command']}`")
+            pending.append(f"- {_sweep_label(r)}: `{r['command']}`")
         for c in r["claims"]:
             key = (c["claim"], tuple(c["better"]), tuple(c["worse"]), c.get("estimate"), c.get("low"), c.get("high"))
             if key in rows and c.get("estimate") is not None:
@@ -191,6 +190,11 @@ def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str
             rows[key] = [c["claim"], paper, _verdict(c), _interval(c),
                          _arms(c["arms"]) if c.get("arms") else "–", _seeds(c) if c.get("runs") else "–", link]
     return rows, pending, incomplete
+
+
+def _sweep_label(r: Mapping) -> str:
+    """'`table5_efficiency` at scale `cpu_30k`' (the sweep alone at its default scale)."""
+    return f"`{r['sweep']}`" + ("" if r["scale"] is None else f" at scale `{r['scale']}`")
 
 
 def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
@@ -241,7 +245,7 @@ def preset_records(report_dir: Path = REPO_ROOT / "reports") -> tuple[list[dict]
     return load_records(report_dir, first), load_records(report_dir, second)
 
 
-def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list | None]:
+def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list | None, int]:
     """One preset's README cells: (claim, better, worse) -> [verdict, interval, reports] (a claim on the same runs
     once), and the sanity checks against random init folded into one [claim, verdict counts, spread, reports]."""
     rows: dict[tuple, list] = {}
@@ -264,7 +268,7 @@ def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list |
                 f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
             rows[key] = [c["verdict"] if c["verdict"] in NOT_RUN else f"**{c['verdict']}**", interval, link]
     if not sanity:
-        return rows, None
+        return rows, None, 0
     counts: dict[str, list[str]] = {}
     for (better, _), (verdict, _) in sanity.items():
         counts.setdefault(verdict, []).append("/".join(better))
@@ -272,41 +276,42 @@ def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list |
                      for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
     estimates = [e for _, e in sanity.values() if e is not None]
     spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
-    return rows, [f"{SANITY} (each pre-trained arm against random init of its shape: {_comparisons(len(sanity))})",
-                  said, spread, ", ".join(sanity_links), len(sanity)]
+    return rows, [said, spread, ", ".join(sanity_links)], len(sanity)
 
 
-def _comparisons(n: int) -> str:
-    return f"{n} comparison{'s' if n != 1 else ''}"
+def _sanity_claim(counts: Sequence[tuple[int, str | None]]) -> str:
+    """The folded sanity row's claim: how many comparisons it folds, per preset where there are two."""
+    said = ", ".join(f"{n} comparison{'s' if n != 1 else ''}" + (f" at `{preset}`" if preset else "")
+                     for n, preset in counts)
+    return f"{SANITY} (each pre-trained arm against random init of its shape: {said})"
 
 
 def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
     """The README's table: claim, verdict, difference and report, one row per claim; with `other` (the second
     preset's records, at least one report committed), each claim's verdict and difference under both presets."""
-    first, sane = _summary_rows(records)
+    first, sane, n = _summary_rows(records)
     if not any(r.get("report") for r in other):
-        rows = [[key[0], *cells] for key, cells in first.items()] + ([sane[:4]] if sane else [])
+        rows = [[key[0], *cells] for key, cells in first.items()]
+        rows += [[_sanity_claim([(n, None)]), *sane]] if sane else []
         return (markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
                 + _pending_note(records))
-    second, sane2 = _summary_rows(other)
+    second, sane2, n2 = _summary_rows(other)
     rows = []
     for key in dict.fromkeys([*first, *second]):
         a, b = first.get(key, ["not in its sweeps", "–", ""]), second.get(key, ["not in its sweeps", "–", ""])
         rows.append([key[0], a[0], a[1], b[0], b[1], ", ".join(x for x in (a[2], b[2]) if x)])
     (p1, _, _), (p2, _, _) = PRESETS
     if sane or sane2:
-        a, b = sane or [SANITY, "–", "–", "", 0], sane2 or [SANITY, "–", "–", "", 0]
-        label = (f"{SANITY} (each pre-trained arm against random init of its shape: {_comparisons(a[4])} at "
-                 f"`{p1}`, {_comparisons(b[4])} at `{p2}`)")
-        rows.append([label, a[1], a[2], b[1], b[2], ", ".join(x for x in (a[3], b[3]) if x)])
+        a, b = sane or ["–", "–", ""], sane2 or ["–", "–", ""]
+        rows.append([_sanity_claim([(n, p1), (n2, p2)]), a[0], a[1], b[0], b[1],
+                     ", ".join(x for x in (a[2], b[2]) if x)])
     head = ["claim", f"`{p1}`", "Δ [95% interval]", f"`{p2}`", "Δ [95% interval]", "reports"]
     return markdown_table(head, rows).splitlines() + _pending_note([*records, *other])
 
 
 def _pending_note(records: Sequence[Mapping]) -> list[str]:
     """The README's one line under its table on the sweeps not run yet (their commands are in the full table)."""
-    pending = [f"`{r['sweep']}`" + ("" if r["scale"] is None else f" at `scale={r['scale']}`")
-               for r in records if not r.get("report")]
+    pending = [_sweep_label(r) for r in records if not r.get("report")]
     if not pending:
         return []
     return ["", f"Not run yet: {', '.join(pending)}; each sweep's command is under the full table in "
