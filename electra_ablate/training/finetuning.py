@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 import pytorch_lightning as pl
 import torch
 
@@ -68,6 +69,47 @@ def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
     return chosen
 
 
+# What a `per_task` entry may not set: what the run fine-tunes, where it is recorded, and the table itself.
+PER_TASK_FIXED = ("pretrained", "pretrained_step", "random_init", "seed", "per_task", "paths", "logger", "sweep",
+                  "hydra", "run_name", "model")
+
+
+def for_task(cfg: DictConfig, name: str, task_cfg: DictConfig) -> tuple[DictConfig, DictConfig]:
+    """(config, task config) of one task's runs: `per_task.<name>` merged over `cfg`, its `task` part over the
+    task's own config (a member's, for task=glue). Without an entry for the task, `cfg` and `task_cfg` as given."""
+    table = cfg.get("per_task") or {}
+    unknown = sorted(set(table) - set(glue.TASKS))
+    if unknown:
+        raise FinetuneError(f"per_task names {unknown}, which are not GLUE tasks; its keys are task names: "
+                            f"{', '.join(glue.TASKS)}")
+    if name not in table:
+        return cfg, task_cfg
+    entry = OmegaConf.to_container(table[name], resolve=True)
+    if not isinstance(entry, dict):
+        raise FinetuneError(f"per_task.{name}={entry!r} must be a mapping of fine-tuning settings, e.g. "
+                            f"per_task.{name}.glue_data.max_seq_length=128")
+    fixed = sorted(set(entry) & set(PER_TASK_FIXED)) + (["task.name"] if "name" in (entry.get("task") or {}) else [])
+    if fixed:
+        raise FinetuneError(f"per_task.{name} sets {fixed}, which one task cannot change; set them for the whole "
+                            "run instead")
+    task_part = entry.pop("task", None) or {}
+    base, member = OmegaConf.create(OmegaConf.to_container(cfg)), OmegaConf.create(OmegaConf.to_container(task_cfg))
+    OmegaConf.set_struct(base, True)
+    OmegaConf.set_struct(member, True)
+    try:
+        merged = OmegaConf.merge(base, entry)
+        member = OmegaConf.merge(member, task_part)
+    except ConfigKeyError as error:
+        where = f"task.{error.full_key}" if error.full_key in task_part else error.full_key
+        raise FinetuneError(f"per_task.{name}.{where} is not a fine-tuning setting; per_task entries take the keys "
+                            "of conf/finetune.yaml (e.g. glue_data.max_seq_length, task.epochs)") from None
+    if "members" in merged.task:
+        merged.task.members[name] = member
+    else:
+        merged.task = member
+    return merged, member
+
+
 def load_task_data(cfg: DictConfig, task: glue.TaskSpec) -> dict[str, list[glue.Example]]:
     """Every split of a task, checked (layout, labels), subset and doubled as configured."""
     d = cfg.glue_data
@@ -86,6 +128,7 @@ def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
     """What makes two fine-tuning runs the same run (hashed into the config_hash tag)."""
     ident = tracking.identity(cfg)
     ident.pop("run_name", None)
+    ident.pop("per_task", None)  # merged into the task's own settings by for_task
     ident["task"] = OmegaConf.to_container(task_cfg, resolve=True)  # a glue member hashes like task=<name>
     ident["glue_data"] = {k: v for k, v in ident["glue_data"].items() if k not in DATA_IDENTITY_EXCLUDE}
     ident["pretrained"] = spec
@@ -341,16 +384,18 @@ def run(cfg: DictConfig) -> float:
     """Fine-tune every selected task; returns its final score (x100), or the GLUE score for task=glue
     (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
     validate(cfg)
-    tasks = selected_tasks(cfg)
+    tasks = [(task, *for_task(cfg, task.name, task_cfg)) for task, task_cfg in selected_tasks(cfg)]
+    for _, task_run_cfg, _ in tasks:
+        validate(task_run_cfg)
     client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     spec = normalise_spec(cfg.pretrained)
     scores: dict[str, float] = {}
     todo = []
-    for task, task_cfg in tasks:
-        ident = run_identity(cfg, task_cfg, spec)
+    for task, task_run_cfg, task_cfg in tasks:
+        ident = run_identity(task_run_cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
         done = tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
-        if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
+        if done is not None and task_run_cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
             print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
                   "running it again with glue_data.predict_test=true")
             done = None
@@ -359,18 +404,20 @@ def run(cfg: DictConfig) -> float:
             print(f"{task.name} seed={cfg.seed}: already done in FINISHED run {done.info.run_id} "
                   f"(config_hash {cfg_hash}, final/score {scores[task.name]:.2f}); skipping")
             continue
-        test = (submit.load_test_splits(task, cfg.glue_data.source, cfg.glue_data.dir, cfg.glue_data.hf_path)
-                if cfg.glue_data.predict_test else None)
-        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash, test))  # checked before any run
+        d = task_run_cfg.glue_data
+        test = submit.load_test_splits(task, d.source, d.dir, d.hf_path) if d.predict_test else None
+        # checked before any run
+        todo.append((task_run_cfg, task, task_cfg, load_task_data(task_run_cfg, task), ident, cfg_hash, test))
     if todo:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
-        check_compatible(cfg, pretrained, tokenizer)
+        for task_run_cfg, *_ in todo:
+            check_compatible(task_run_cfg, pretrained, tokenizer)
         busy: list[RunBusyError] = []
-        for task, task_cfg, data, ident, cfg_hash, test in todo:
+        for task_run_cfg, task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
                 scores[task.name] = train_task(
-                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
+                    task_run_cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
                 )
             except RunBusyError as error:  # not run at all: keep_going goes on, but the job does not succeed
                 if not cfg.sweep.keep_going:
