@@ -179,7 +179,7 @@ def check_report(name: str, variants: tuple[str, ...], ran: bool = True) -> Call
             assert "dev, median over fine-tuning seeds:" in outcome, result.output
             for v in variants:
                 assert re.search(rf"^  {re.escape(v)}\b", outcome, re.M), f"no console row for {v}:\n{outcome}"
-            assert "verdicts (95% multi-bootstrap interval, points):" in outcome, outcome
+            assert re.search(r"^verdicts on .+ \(95% multi-bootstrap interval, points\):$", outcome, re.M), outcome
         missing = section(text, "Failed and missing runs")
         for v in variants:
             if ran:

@@ -39,6 +39,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from electra_ablate.common import cli, console
+from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import (check_launcher, launch, launcher_overrides, multirun_command, shell_join,
                                          sigterm_as_interrupt)
@@ -118,8 +119,9 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     if available is not None:
         absent = sorted({t for _, t, _ in todo} - set(available))
         if absent:
-            log.warning("no local GLUE data for %s: those jobs are not launched (listed missing in the report); "
-                        "glue_data.source=hf reads them from the Hugging Face hub", absent)
+            log.warning("no local GLUE data for %s: its fine-tuning jobs are not launched, and the report averages "
+                        "its GLUE score over the other tasks, naming the skipped ones once (glue_data.source=hf reads "
+                        "them from the Hugging Face hub)", ", ".join(glue.get_task(t).dir_name for t in absent))
             todo = [j for j in todo if j[1] in available]
     result = PhaseResult("finetune", jobs=len(todo))
     if not todo:
