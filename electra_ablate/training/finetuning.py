@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import pytorch_lightning as pl
 import torch
 
-from electra_ablate.common import console, io
+from electra_ablate.common import console, io, stops
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.tokenizer import load_tokenizer
 from electra_ablate.glue import submit
@@ -205,7 +205,12 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
             run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
         run.finish("FINISHED")
     except BaseException as error:
-        run.finish(*tracking.end_status(error))
+        status, reason = tracking.end_status(error)
+        run.finish(status, reason)
+        if status == "KILLED" and stops.received() is not None:
+            at = f" at step {error.step}" if getattr(error, "step", None) is not None else ""
+            stops.report(f"fine-tuning {task.name} seed={cfg.seed} of {pretrained.spec}{at} (MLflow run {run.run_id})"
+                         " is recorded KILLED; it keeps no checkpoint: the same command runs it again from step 0")
         raise
     key = task.paper_metric
     # The run's outcome, on the console too (common/console.py).
@@ -308,9 +313,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
         default_root_dir=cfg.paths.output_dir,
     )
-    trainer.fit(system, datamodule)
-    if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
-        raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+    stops.fit(trainer, system, datamodule)  # a stop (Ctrl-C, SIGTERM) ends it after the current step: Stopped
     if system.global_step == 0:  # never a FINISHED run that did not train
         raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
                             f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
@@ -342,14 +345,17 @@ def run(cfg: DictConfig) -> float:
     (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
     validate(cfg)
     tasks = selected_tasks(cfg)
-    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    # Finished runs are looked up in the store if there is one; it is created only once the work can start, so
+    # a refused command (missing data, a checkpoint that does not fit) leaves no store behind.
+    client = tracking.existing_client(cfg.logger.tracking_uri, cfg.logger.experiment)
     spec = normalise_spec(cfg.pretrained)
     scores: dict[str, float] = {}
     todo = []
     for task, task_cfg in tasks:
         ident = run_identity(cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
-        done = tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
+        done = (tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
+                if client is not None else None)
         if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
             print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
                   "running it again with glue_data.predict_test=true")
@@ -366,6 +372,7 @@ def run(cfg: DictConfig) -> float:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
         check_compatible(cfg, pretrained, tokenizer)
+        client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
         busy: list[RunBusyError] = []
         for task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
@@ -378,7 +385,7 @@ def run(cfg: DictConfig) -> float:
                 log.error("%s", error)
                 busy.append(error)
             except Exception:
-                if not cfg.sweep.keep_going:
+                if not cfg.sweep.keep_going or stops.received() is not None:
                     raise
                 log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
                               task.name, cfg.seed)
