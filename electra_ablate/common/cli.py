@@ -286,6 +286,8 @@ def one_line_errors(main: F) -> F:
                                also=_scheduler_signals() if task else ()):
                 try:
                     if stops.received() is not None:  # a stopped process starts nothing more (a pool's next job)
+                        stops.forget_reports()
+                        stops.report("this job was not started; the same command runs it")
                         raise stops.Stopped(stops.received())
                     with stops.job_running() if task and not stops.in_entry_process() else contextlib.nullcontext():
                         return main(*args, **kwargs)

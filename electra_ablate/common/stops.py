@@ -87,6 +87,11 @@ def report(text: str) -> None:
     log.info("stopped: %s", text)
 
 
+def forget_reports() -> None:
+    """A new job of this process: what earlier jobs reported is theirs."""
+    _state.reports.clear()
+
+
 def line(signum: int) -> str:
     """The one console line of a stopped command."""
     what = "; ".join(_state.reports) or "no run was in progress; the same command does what is not done yet"
