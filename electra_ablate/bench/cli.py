@@ -48,7 +48,7 @@ from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, DEFAULT_SECTIO
                                            REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
                                            log, machine_info, resolve_device)
-from electra_ablate.common import cli
+from electra_ablate.common import cli, stops
 from electra_ablate.common.io import write_text
 
 
@@ -200,7 +200,11 @@ def main(argv: list[str] | None = None) -> Report | None:
         print(PROBE_TAG + json.dumps(probe(spec)), flush=True)
         return None
     out, json_out = out
-    rep = run(s)
+    try:
+        rep = run(s)
+    except stops.Stopped:
+        stops.report(f"the benchmark wrote no report to {out} (it has no MLflow run); the same command runs it again")
+        raise
     write_text(out, render(rep))
     if json_out is not None:
         rows = {k: v for k, v in vars(rep).items() if k not in ("settings", "peaks")}
@@ -211,5 +215,5 @@ def main(argv: list[str] | None = None) -> Report | None:
 
 @cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a refused option ends in one line (common/cli.py)."""
+    """Console entry: a refused option ends in one line, and so does a stop (common/cli.py)."""
     main()

@@ -120,6 +120,7 @@ def main(cfg: DictConfig) -> str:
     return str(write_report(ctx, client, cfg.report_dir))
 
 
+@cli.one_line_errors
 def cli_main() -> None:
     """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
     console.take_verbose_flag()
