@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from electra_ablate.report import build, holds
+from electra_ablate.report import build, holds, holds_tables
 from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.verdicts import Claim, Verdict
 from electra_ablate.sweep.compose import make_context
@@ -142,8 +142,9 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     build.write_report(ctx, client, repo / "reports")
     record = json.loads((repo / "reports" / "weight_sharing_cpu" / holds.RECORD).read_text())
     assert record["report"] == "weight_sharing_cpu.md" and {c["verdict"] for c in record["claims"]} == {"not run"}
-    assert ("| Tying all weights beats no tying | not run | – | [weight_sharing_cpu.md](reports/weight_sharing_cpu.md) |"
-            in readme.read_text())
+    # Every preset's column is there from the start: the others' reports are not committed yet.
+    assert ("| Tying all weights beats no tying | not run | – | not run yet | – |  | "
+            "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md) |" in readme.read_text())
     text = detail.read_text()
     assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
     assert "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md)" in text
@@ -168,14 +169,24 @@ def test_an_arm_not_pre_trained_yet_is_not_called_random_init(tmp_path):
                   ("none",))
     missing = Verdict(claim, None, (), {}, float("nan"), False, "not run", "fine-tuning runs of electra_15")
     (arms,) = [c["arms"] for c in holds.record(spec, [missing], {"none": None})["claims"]]
-    assert holds._arms(arms) == "electra_15 not run yet, none not pre-trained"
+    assert holds_tables._arms(arms) == "electra_15 not run yet, none not pre-trained"
 
 
-def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
+LONG = ("cpu_long", "250M tokens, 30k vocabulary")
+GLUE5 = ("cola", "sst2", "mrpc", "stsb", "rte")
+TABLE1 = Claim("ELECTRA-Small beats BERT-Small at equal compute", "Table 1", ("electra",), ("bert",),
+               "79.9 vs 75.1 (+4.8)")
+
+
+def test_each_claim_shows_its_verdict_under_every_preset_side_by_side(tmp_path):
     write_records(tmp_path, {("cpu_regime", None): cpu_regime_verdicts()})
-    single = holds.table(*holds.preset_records(tmp_path))
-    assert single[0].startswith("| claim | paper (GLUE) | verdict here |")  # no 30k report: no 30k columns
-    assert "`cpu_regime_30k`: `OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k" not in "\n".join(single)
+    # No report of the 30k preset or of the long run yet: their columns say so, and their sweeps' commands follow.
+    pending = holds.table(*holds.preset_records(tmp_path))
+    assert pending[0].startswith("| claim | paper (GLUE) | verdict: `cpu_regime` (2k vocabulary, sequence 64) | ")
+    (row,) = [line for line in pending if line.startswith("| ELECTRA beats BERT |")]
+    assert "| **reversed** | -7.67 [-10.63, -4.98] on SST-2 | not run yet | – | not in its sweeps | – |" in row
+    assert any("`cpu_long`: `OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long hydra" in line
+               for line in pending)
     # At the 30k vocabulary ELECTRA beats BERT and clears the floor; only the ELECTRA claims are recorded there.
     vs, floor = cpu_regime_verdicts()
     turned = Verdict(vs.claim, difference(3.1, 0.9, 5.2), ("sst2",), {"electra": 3, "bert": 3}, 5.0, True, "holds",
@@ -184,33 +195,69 @@ def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     lines = holds.table(*holds.preset_records(tmp_path))
     assert lines[0] == ("| claim | paper (GLUE) | verdict: `cpu_regime` (2k vocabulary, sequence 64) | "
                         "Δ points [95% interval] | verdict: `cpu_regime_30k` (30k vocabulary, sequence 128) | "
-                        "Δ points [95% interval] | pre-training per run (cpu_regime; cpu_regime_30k) | "
-                        "runs, pre-training x fine-tuning seeds (cpu_regime; cpu_regime_30k) | reports |")
+                        "Δ points [95% interval] | verdict: `cpu_long` (250M tokens, 30k vocabulary) | "
+                        "Δ points [95% interval] | pre-training per run (cpu_regime; cpu_regime_30k; cpu_long) | "
+                        "runs, pre-training x fine-tuning seeds (cpu_regime; cpu_regime_30k; cpu_long) | reports |")
     (row,) = [line for line in lines if line.startswith("| ELECTRA beats BERT |")]
     assert row == ("| ELECTRA beats BERT | Table 5: 85.0 vs 82.2 (+2.8) | **reversed** | -7.67 [-10.63, -4.98] on SST-2 "
-                   "| **holds** | +3.10 [+0.90, +5.20] on SST-2 | electra 40.5M tokens, bert 49.2M tokens; 2e+14 FLOPs "
-                   "each; electra 40.5M tokens, bert 49.2M tokens; 2e+14 FLOPs each | 3 x 5; 3 x 5 | "
-                   "[cpu_regime.md](reports/cpu_regime.md), [cpu_regime_30k.md](reports/cpu_regime_30k.md) |")
+                   "| **holds** | +3.10 [+0.90, +5.20] on SST-2 | not in its sweeps | – | electra 40.5M tokens, bert "
+                   "49.2M tokens; 2e+14 FLOPs each; electra 40.5M tokens, bert 49.2M tokens; 2e+14 FLOPs each; – | "
+                   "3 x 5; 3 x 5; – | [cpu_regime.md](reports/cpu_regime.md), [cpu_regime_30k.md](reports/cpu_regime_30k.md) |")
+    # The long run's claim on the same arms (the paper's Table 1) stands right under it, not run yet.
+    after = lines[lines.index(row) + 1]
+    assert after.startswith("| ELECTRA-Small beats BERT-Small at equal compute | Table 1: 79.9 vs 75.1 (+4.8) | "
+                            "not in its sweeps | – | not in its sweeps | – | not run yet | – |"), after
     (row,) = [line for line in lines if line.startswith(f"| {floor.claim.text} |")]
-    # Not in the 30k record; table5_efficiency at scale cpu_30k tests it too, and is not committed yet.
-    assert "| **holds** | +2.82 [+0.69, +5.24] on SST-2 | not run yet | – |" in row
+    # Not in the 30k record; table5_efficiency at scale cpu_30k tests it too, and is not committed yet; so does the
+    # long run.
+    assert "| **holds** | +2.82 [+0.69, +5.24] on SST-2 | not run yet | – | not run yet | – |" in row
     # The 30k sweeps not committed yet are listed with their commands, beside the first preset's.
     assert any("sweep=table5_efficiency scale=cpu_30k hydra/launcher=joblib" in line for line in lines)
-    assert holds.is_cpu_scale(load_sweep("weight_sharing", "cpu_30k"))
-    # The README's short table: each preset's verdict and difference side by side.
+    assert holds.is_cpu_scale(load_sweep("weight_sharing", "cpu_30k")) and holds.is_cpu_scale(load_sweep("cpu_long"))
+    # The README's short table: each ablation preset's verdict and difference side by side, the long run's in one
+    # column, empty for the claims it does not test.
     short = holds.summary_table(*holds.preset_records(tmp_path))
     assert short[0] == ("| claim | `cpu_regime` (SST-2) | Δ [95% interval] | `cpu_regime_30k` (SST-2) | Δ [95% interval] "
-                        "| reports |")
-    assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | **holds** | +3.1 [+0.9, +5.2] | "
+                        "| `cpu_long` (250M tokens, 30k vocabulary): verdict, Δ [95% interval] | reports |")
+    assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | **holds** | +3.1 [+0.9, +5.2] |  | "
             "[cpu_regime.md](reports/cpu_regime.md), [cpu_regime_30k.md](reports/cpu_regime_30k.md) |") in short
+    assert ("| ELECTRA-Small beats BERT-Small at equal compute | not in its sweeps | – | not in its sweeps | – | "
+            "not run yet |  |") in short
     # A claim not run yet under one preset says so in its cell; the commands stay out of the short table, which
     # names the sweeps not run yet once, under it.
     (tying,) = [line for line in short if line.startswith("| Tying all weights beats no tying |")]
-    assert tying == "| Tying all weights beats no tying | not run yet | – | not run yet | – |  |", tying
+    assert tying == "| Tying all weights beats no tying | not run yet | – | not run yet | – |  |  |", tying
     assert not any("python -m electra_ablate.sweep" in line for line in short)
     assert short[-1].startswith("Not run yet: `table5_efficiency` at scale `cpu`, `weight_sharing` at scale `cpu`")
-    assert "`training_algorithms` at scale `cpu_30k`" in short[-1] and "`cpu_regime_30k`" not in short[-1]
+    assert "`training_algorithms` at scale `cpu_30k`, `cpu_long`;" in short[-1] and "`cpu_regime_30k`" not in short[-1]
     # The sanity checks fold into one row that counts each preset's comparisons apart.
     (sane,) = [line for line in short if line.startswith(f"| {holds.SANITY}")]
     assert sane.startswith(f"| {holds.SANITY} (each pre-trained arm against random init of its shape: 1 comparison at "
-                           "`cpu_regime`, 0 comparisons at `cpu_regime_30k`) | **holds** for 1 (bert) | +2.8 to +2.8 | – | – |"), sane
+                           "`cpu_regime`, none run yet at `cpu_regime_30k`, none run yet at `cpu_long`) | **holds** for "
+                           "1 (bert) | +2.8 to +2.8 | not run yet | – | not run yet |"), sane
+
+
+def test_the_long_run_fills_its_one_readme_column_once_its_report_is_committed(tmp_path):
+    vs, _ = cpu_regime_verdicts()
+    glue5 = Verdict(TABLE1, difference(2.04, -0.51, 4.47), GLUE5, {"electra": 1, "bert": 1}, 5.0, True,
+                    "unresolved at this scale", "–", runs={"electra": 5, "bert": 5})
+    floor = Verdict(Claim("Pre-training beats no pre-training (sanity check): electra > none", "floor", ("electra",),
+                          ("none",)), difference(3.3, 1.2, 5.1), GLUE5, {"electra": 1, "none": 5}, 5.0, True, "holds",
+                    "–", runs={"electra": 5, "none": 5})
+    write_records(tmp_path, {("cpu_regime", None): [vs], ("cpu_long", None): [glue5, floor]})
+    short = holds.summary_table(*holds.preset_records(tmp_path))
+    assert short[0].endswith("| `cpu_long` (250M tokens, 30k vocabulary; GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE): "
+                             "verdict, Δ [95% interval] | reports |"), short[0]
+    (row,) = [line for line in short if line.startswith(f"| {TABLE1.text} |")]
+    assert row == (f"| {TABLE1.text} | not in its sweeps | – | not in its sweeps | – | **unresolved at this scale**, "
+                   "+2.0 [-0.5, +4.5] | [cpu_long.md](reports/cpu_long.md) |")
+    (sane,) = [line for line in short if line.startswith(f"| {holds.SANITY}")]
+    assert "1 comparison at `cpu_long`)" in sane and sane.endswith(
+        "| **holds** for 1 (electra) (+3.3 to +3.3) | [cpu_long.md](reports/cpu_long.md) |"), sane
+    assert "`cpu_long`" not in short[-1]  # committed: no longer among the sweeps not run yet
+    full = holds.table(*holds.preset_records(tmp_path))
+    (row,) = [line for line in full if line.startswith(f"| {TABLE1.text} |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:8] == ["not in its sweeps", "–", "not in its sweeps", "–", "**unresolved at this scale**",
+                          "+2.04 [-0.51, +4.47] on GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE"], cells
+    assert cells[-2] == "–; –; 1 x 5" and cells[-1] == "[cpu_long.md](reports/cpu_long.md)"

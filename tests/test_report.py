@@ -287,10 +287,10 @@ def test_the_random_init_floor_is_its_final_glue_of_task_medians():
     assert random_init_floors(data) == {"none": pytest.approx(glue_of({"sst2": 65.0, "rte": 50.0}))}
 
 
-def test_where_a_curve_reaches_the_random_init_band_and_the_baseline_is_read_off_its_medians():
+def test_where_a_curve_clears_the_random_init_band_and_crosses_the_baseline_is_read_off_its_medians():
     from types import SimpleNamespace
 
-    from electra_ablate.report.markdown import _crossing_lines
+    from electra_ablate.report.curves import _crossing_lines
     from electra_ablate.report.stats import crossings, random_init_bands
 
     # bert to 1x its budget; electra_4x to 4x bert's FLOPs: under the floor at first, over it at 1x, over bert at 4x.
@@ -299,18 +299,25 @@ def test_where_a_curve_reaches_the_random_init_band_and_the_baseline_is_read_off
                                                                        (1.0, 70.0))] +
                          [("electra", f, 1e14 * f, g) for f, g in ((0.5, 61.0), (1.0, 62.0))],
                          columns=["variant", "fraction", "flops", "glue"])
-    rows = {r["variant"]: r for r in crossings(curve, 66.0, "bert")}
-    assert set(rows) == {"electra_4x", "electra"}  # the baseline is what the others are read against
-    assert rows["electra_4x"]["first_at_floor"] == {"flops": 1e14, "fraction": 0.25, "glue": 66.5}
-    assert rows["electra_4x"]["first_above_baseline"] == {"flops": 4e14, "fraction": 1.0, "glue": 70.0}
-    assert rows["electra"]["first_at_floor"] is None and rows["electra"]["best"] == 62.0
-    spec = SimpleNamespace(baseline="bert")
-    lines = _crossing_lines(spec, curve, {"none": 66.0})
-    assert "- electra_4x: the floor first at 1e+14 FLOPs (0.25 of its steps: 66.5); bert's final first at 4e+14 " \
-           "FLOPs (1 of its steps: 70.0)." in lines
-    assert "- electra: the floor never, up to 1e+14 FLOPs (its best median 62.0); bert's final never, up to 1e+14 " \
-           "FLOPs (its best median 62.0)." in lines
-    assert _crossing_lines(spec, curve, {}) == []  # no random-init arm: nothing to cross
+    rows = {r["variant"]: r for r in crossings(curve, 66.0, "bert", 67.0)}
+    assert set(rows) == {"bert", "electra_4x", "electra"}  # the baseline too clears random init or not
+    assert rows["electra_4x"]["first_above_floor"] == {"flops": 1e14, "fraction": 0.25, "glue": 66.5}
+    assert rows["electra_4x"]["first_above_band"] == {"flops": 2e14, "fraction": 0.5, "glue": 68.0}
+    assert rows["electra_4x"]["first_above_baseline_final"] == {"flops": 4e14, "fraction": 1.0, "glue": 70.0}
+    # At equal FLOPs only its points within bert's range are compared: 0.125 and 0.25 (bert's 0.5 and 1).
+    assert [(e["fraction"], e["difference"]) for e in rows["electra_4x"]["equal_flops"]] == [(0.125, -4.0), (0.25, -2.5)]
+    assert rows["electra"]["first_above_floor"] is None and rows["electra"]["best"] == 62.0
+    assert rows["bert"]["equal_flops"] == [] and rows["bert"]["first_above_baseline_final"] is None
+    spec = SimpleNamespace(baseline="bert", pretrain_seeds=(0,))
+    lines = _crossing_lines(spec, curve, {"none": (66.0, 65.0, 67.0)})
+    assert "- electra_4x: clears random init first at 1e+14 FLOPs (0.25 of its steps: 66.5); above its band first at " \
+           "2e+14 FLOPs (0.5 of its steps: 68.0); above bert at equal FLOPs never, at 0 of its 2 points in bert's " \
+           "range; above bert's final median (69.0) first at 4e+14 FLOPs (1 of its steps: 70.0)." in lines
+    assert "- electra: clears random init never, up to 1e+14 FLOPs (its best median 62.0); above its band never, up " \
+           "to 1e+14 FLOPs (its best median 62.0); above bert at equal FLOPs never, at 0 of its 2 points in bert's " \
+           "range; above bert's final median (69.0) never, up to 1e+14 FLOPs (its best median 62.0)." in lines
+    # No random-init arm: only the comparison with the baseline is read.
+    assert not any("clears random init" in line for line in _crossing_lines(spec, curve, {}))
 
     # The band: the random-init arm's median and the quartiles of its per-seed scores.
     variants = [SimpleNamespace(label="bert", random_init_of=None), SimpleNamespace(label="none", random_init_of="bert")]

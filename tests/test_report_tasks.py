@@ -272,7 +272,8 @@ def test_the_readme_table_names_each_presets_instrument(tmp_path, report):
         (tmp_path / name / holds.RECORD).write_text(json.dumps(r))
     short = holds.summary_table(*holds.preset_records(tmp_path))
     assert short[0] == ("| claim | `cpu_regime` (SST-2) | Δ [95% interval] | `cpu_regime_30k` (GLUE-2: CoLA, MRPC) | "
-                        "Δ [95% interval] | reports |")
+                        "Δ [95% interval] | `cpu_long` (250M tokens, 30k vocabulary): verdict, Δ [95% interval] | "
+                        "reports |")
     (vs,) = [line for line in short if line.startswith(f"| {VS} |")]
     assert vs.split(" | ")[3] == "**holds**", vs  # the header names its instrument: the cell does not repeat it
     full = holds.table(*holds.preset_records(tmp_path))

@@ -7,16 +7,18 @@ fine-tuning seeds (mean, std, min, max, best-of-N: the paper reports the median 
 bootstrap confidence intervals for each variant's difference from the baseline (report/stats.py), each
 arm's degenerate runs (dev predictions of one class: report/predictions.py), generator-size curves (paper
 Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
-fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), each pre-training
+fine-tunes intermediate checkpoints, with where each arm clears random init and crosses the baseline at equal FLOPs
+(electra_ablate.models.flops; report/curves.py, report/figures.py), each pre-training
 run's masked-LM accuracy and discriminator AUC against its FLOPs (report/collect.py, pretraining_curves), verdicts on the
-paper's claims on the GLUE mean and, for several tasks, per task (report/verdicts.py), which tasks see
+paper's claims (report/claims.py) on the GLUE mean and, for several tasks, per task (report/verdicts.py), which tasks see
 pre-training at all (report/sensitivity.py: each pre-trained arm against random init per task, with the dev-set
 noise and the cost of a fine-tuning run), the verdicts also as data in `reports/<name>/verdicts.json`, from which
-report/holds.py makes the README's "What holds at CPU scale" table, refreshed here when a CPU-scale report is
-written into the repository's `reports/`, failed and missing runs (a task without local GLUE data once, as
-skipped), and how the numbers were produced (report/provenance.py); report/markdown.py renders
-it. The runs counted are exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs
-by (pre-training run, step, task, seed), newest finished first.
+report/holds.py (with holds_record.py and holds_tables.py) makes the README's "What holds at CPU scale" table,
+refreshed here when a CPU-scale report is written into the repository's `reports/`, failed and missing runs (a task
+without local GLUE data once, as skipped), the fine-tuning recipe with each task's own settings (report/recipe.py),
+and how the numbers were produced (report/provenance.py); report/markdown.py renders it. The runs counted are
+exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs by (pre-training run, step, task,
+seed), newest finished first.
 """
 
 from __future__ import annotations

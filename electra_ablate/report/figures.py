@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from electra_ablate.report.collect import SweepData
-from electra_ablate.report.markdown import TASK_NAMES, short_glue
+from electra_ablate.report.curves import short_glue
+from electra_ablate.report.tables import TASK_NAMES
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
-from electra_ablate.report.stats import Summary, generator_size_points, learning_curve, random_init_bands, random_init_floors
+from electra_ablate.report.stats import (Summary, curve_tasks, generator_size_points, learning_curve, random_init_bands,
+                                         random_init_floors)
 
 
 def _pyplot():
@@ -87,9 +89,22 @@ def generator_size_figure(data: SweepData, path: Path) -> bool:
 
 
 def learning_curves_figure(data: SweepData, path: Path) -> bool:
+    """GLUE-k (stats.curve_tasks) against pre-training FLOPs (left) and fraction of steps (right), one line per arm
+    with its per-seed IQR shaded, random initialisation's median and IQR as a grey band on both, the paper's
+    numbers by fraction (`by_fraction` of the sweep's paper row) dashed on the right; False when no curve."""
+    fig = learning_curves_drawing(data)
+    if fig is None:
+        return False
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return True
+
+
+def learning_curves_drawing(data: SweepData):
+    """The learning-curve figure (a matplotlib Figure, not saved), or None without a curve."""
     curve = learning_curve(data)
     if curve.empty:
-        return False
+        return None
     plt = _pyplot()
     paper = load_paper_results()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -103,16 +118,17 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
                 axis.plot(x[hollow], g["glue"][hollow], ls="none", marker="o", color=color, markerfacecolor="white",
                           label=f"{variant}: its generator (MLM), before the switch")
             axis.fill_between(x, g["q25"], g["q75"], color=color, alpha=0.2)
-        by_fraction = ((paper_row(data.ctx.spec, variant, paper)[0] or {}).get("by_fraction")) or {}
+        row = paper_row(data.ctx.spec, variant, paper)[0] or {}
+        by_fraction = row.get("by_fraction") or {}
         if by_fraction:
             with_paper = True
             bx.plot([float(f) for f in by_fraction], list(by_fraction.values()), ls="--", marker="x", color=color,
-                    label=f"{variant} (paper)")
+                    label=f"{row.get('label', variant)} (paper, GLUE)")
     for label, (floor, low, high) in random_init_bands(data).items():  # the floor every curve has to clear
         for axis in (ax, bx):  # its median and the quartiles of its runs, as the paper's Figure 4 shades it
-            axis.axhline(floor, ls=":", color="0.4", label=f"{label} (no pre-training)")
+            axis.axhline(floor, ls=":", color="0.4", label=f"{label} (random init): median, IQR")
             axis.axhspan(low, high, color="0.5", alpha=0.15, lw=0)
-    tasks = sorted(set(data.scores["task"])) if len(data.scores) else []
+    tasks = curve_tasks(data)
     score = TASK_NAMES[tasks[0]] if len(tasks) == 1 else short_glue(tasks)
     ax.set_xscale("log")
     ax.set_xlabel("pre-training FLOPs (paper accounting)")
@@ -124,9 +140,7 @@ def learning_curves_figure(data: SweepData, path: Path) -> bool:
     for a in (ax, bx):
         a.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def pretraining_curves_figure(data: SweepData, path: Path) -> bool:

@@ -17,24 +17,12 @@ import numpy as np
 
 from electra_ablate.report import arms, expected_max, verdicts
 from electra_ablate.report import predictions as pr
-from electra_ablate.report.collect import SweepData, is_missing
+from electra_ablate.report.collect import SweepData
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
-from electra_ablate.report.stats import (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, crossings, curve_runs, glue_of,
-                                         learning_curve, random_init_floors)
-from electra_ablate.report.tables import table
-
-TASK_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
-              "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
-
-
-def fmt(x, digits: int = 1) -> str:
-    return "–" if is_missing(x) else f"{x:.{digits}f}"
-
-
-def signed(x, digits: int = 1) -> str:
-    return "–" if is_missing(x) else f"{x:+.{digits}f}"
-
+from electra_ablate.report.curves import learning_section, short_glue
+from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of
+from electra_ablate.report.tables import TASK_NAMES, fmt, signed, table
 
 def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
            verdict_lines: Sequence[str] = ()) -> str:
@@ -59,7 +47,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
                 "generator's hidden size, one line per discriminator size; the unigram generator is drawn at the left.", "",
                 f"![generator size]({figures['generator_size']})", ""]
     if "learning_curves" in spec.figures or data.intermediate:
-        out += _learning_section(data, figures, paper)
+        out += learning_section(data, figures, paper)
     out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
     out += [f"- {skipped_note(data)}"] if data.skipped else []
@@ -174,12 +162,6 @@ def skipped_note(data: SweepData) -> str:
             f"{'it' if len(data.skipped) == 1 else 'them'}.")
 
 
-def short_glue(tasks: Sequence[str]) -> str:
-    """'GLUE' for the paper's eight tasks, else 'GLUE-<n>' (the text names the tasks): a score over a subset is
-    never labelled plain GLUE."""
-    return verdicts.glue_label(tasks).split(":")[0]
-
-
 def final_health(data: SweepData, tasks: Sequence[str]) -> dict[str, dict[str, pr.Count]]:
     """Variant -> task -> degenerate runs among its final-checkpoint runs."""
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
@@ -280,72 +262,6 @@ def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[
         out += [f"Per-seed {verdicts.glue_label(summary.tasks)} scores (runs with every task):", "",
                 table(["variant", "runs N", "E[max of 1] (mean)", "median", "E[max of N] ± sd"], rows), ""]
     return out
-
-
-def _learning_section(data: SweepData, figures: Mapping[str, str], paper: Mapping) -> list[str]:
-    spec = data.ctx.spec
-    out = ["## Learning curves: GLUE against pre-training FLOPs", "",
-           "Fine-tuning runs of every checkpoint the sweep fine-tunes, intermediate ones included: each cell is the "
-           "median over its fine-tuning runs, of the pre-training runs that have reached that fraction (a run still "
-           "pre-training counts at the checkpoints it has saved; the seeds column says how many each cell holds); "
-           "FLOPs as the paper counts them (electra_ablate.models.flops: forward + backward of generator and "
-           "discriminator).", ""]
-    if "learning_curves" in figures:
-        out += [f"![learning curves]({figures['learning_curves']})", ""]
-    curve = learning_curve(data)
-    if curve.empty:
-        return out + ["No fine-tuning run of an intermediate checkpoint has finished yet.", ""]
-    runs = curve_runs(data)
-    tasks = [t for t in TASK_NAMES if t in set(runs["task"])]
-    shows_network = (curve["network"] == "generator").any()  # two-stage: its generator up to the switch
-    if shows_network:
-        out += ["Two-stage training's checkpoints up to its switch are its generator, an MLM model (the "
-                "discriminator is still untrained there; paper section 3.2): the table says which network was "
-                "fine-tuned, and the figure draws those points hollow.", ""]
-    rows = []
-    for _, r in curve.iterrows():
-        row_paper, _ = paper_row(spec, r["variant"], paper)
-        by_fraction = (row_paper or {}).get("by_fraction") or {}
-        theirs = next((v for f, v in by_fraction.items() if math.isclose(float(f), r["fraction"])), None)
-        at = runs[(runs["variant"] == r["variant"]) & (runs["fraction"] == r["fraction"])]
-        medians = at.groupby("task")["score"].median()
-        rows.append([r["variant"], *([r["network"]] if shows_network else []), f"{r['fraction']:g}", int(r["step"]),
-                     f"{r['flops']:.3g}" if not is_missing(r["flops"]) else "–",
-                     *([fmt(medians.get(t)) for t in tasks] if len(tasks) > 1 else []),
-                     fmt(r["glue"]), fmt(theirs), f"{int(r['pretrain_seeds'])} x {int(r['n'])}",
-                     pr.cell(pr.counts(at, r["variant"], tasks))])
-    header = ["variant", *(["network fine-tuned"] if shows_network else []), "fraction of steps", "step", "pre-train FLOPs",
-              *(TASK_NAMES[t] for t in tasks if len(tasks) > 1), f"{short_glue(tasks)} (median)", "paper", "seeds (pre-training x fine-tuning)",
-              "degenerate runs"]
-    out += [table(header, rows), ""]
-    return out + _crossing_lines(spec, curve, random_init_floors(data))
-
-
-def _crossing_lines(spec, curve, floors: Mapping[str, float]) -> list[str]:
-    """Where each curve first reaches the random-init floor and the baseline's final median (the paper's Figure 4
-    asks where pre-training starts to pay): a reading of the medians above, not a verdict."""
-    if not floors:
-        return []
-    floor_label, floor = next(iter(floors.items()))
-    rows = crossings(curve, floor, spec.baseline)
-    if not rows:
-        return []
-    target = rows[0]["baseline"]
-    against = f" and {spec.baseline}'s final median ({fmt(target)})" if target is not None else ""
-    out = [f"Where each curve first reaches the random-init floor ({floor_label}'s median, {fmt(floor)}){against}, "
-           "by the medians above; a reading of the curve, not a verdict (the verdicts are the claims' intervals):", ""]
-    for r in rows:
-        parts = [f"the floor {_first(r['first_at_floor'], r)}"]
-        if target is not None:
-            parts.append(f"{spec.baseline}'s final {_first(r['first_above_baseline'], r)}")
-        out.append(f"- {r['variant']}: " + "; ".join(parts) + ".")
-    return out + [""]
-
-
-def _first(point: Mapping | None, r: Mapping) -> str:
-    if point is None:
-        return f"never, up to {r['last_flops']:.2g} FLOPs (its best median {fmt(r['best'])})"
-    return f"first at {point['flops']:.2g} FLOPs ({point['fraction']:g} of its steps: {fmt(point['glue'])})"
 
 
 # (column title, keys of arms.end_of_pretraining shown " / "-joined in its cells, factor, digits)

@@ -1,5 +1,6 @@
 """The report's fine-tuning recipe: what the runs in the tables were fine-tuned with, beside the paper's recipe,
-and every setting in which they differ from it, named as a deviation.
+and every setting in which they differ from it, named as a deviation; a setting the tasks were fine-tuned with
+differently is shown per task, beside the named recipe's `per_task` table (conf/recipe/cpu_glue.yaml's).
 
 The paper's values are the project's defaults, read from the config files that hold them (they cite paper
 Table 7 and the reference's run_finetuning.py): conf/finetune_optim/electra.yaml, conf/task/<task>.yaml,
@@ -100,8 +101,65 @@ def _named(runs: pd.DataFrame, kind: str, folder: str, why: str) -> str:
             f"({', '.join(f'conf/{folder}/{p}.yaml' for p in presets)}), which says {why}.")
 
 
+def _by_task(runs: pd.DataFrame, scores: pd.DataFrame, tasks: Sequence[str], param: str) -> dict[str, list[str]]:
+    """Task -> the values its runs logged for `param` (a `per_task` entry sets a task's own)."""
+    return {t: _values(runs[runs["run_id"].isin(set(scores[scores["task"] == t]["run_id"]))], param) for t in tasks}
+
+
+def _setting_cells(s: Setting, paper: str, ours: list[str], per_task: dict[str, list[str]]) -> tuple[str, bool]:
+    """(the runs' value(s), whether they differ from the paper's): per task where the tasks' values differ."""
+    if s.param == "task.epochs":  # the paper's value is per task too: compare each with its own
+        shown = ", ".join(f"{'/'.join(v) or '?'} ({t})" for t, v in per_task.items())
+        return shown, any(v and paper.find(f"{v[0]} ({t})") < 0 for t, v in per_task.items())
+    differs = bool(ours) and not _same(paper, ours)
+    if len({tuple(v) for v in per_task.values() if v}) > 1:
+        groups: dict[str, list[str]] = {}
+        for t, v in per_task.items():
+            groups.setdefault("/".join(v) or "?", []).append(t)
+        return ", ".join(f"{v} ({', '.join(ts)})" for v, ts in groups.items()), differs
+    return ", ".join(ours) or "not logged", differs
+
+
+def recipe_per_task(preset: str) -> dict[str, dict]:
+    """The `per_task` table of conf/recipe/<preset>.yaml (or of the recipe it extends): task -> its settings,
+    flattened to dotted keys; {} without one."""
+    path = CONF_DIR / "recipe" / f"{preset}.yaml"
+    if not path.is_file():
+        return {}
+    cfg = OmegaConf.load(path)
+    if "per_task" in cfg:
+        table = OmegaConf.to_container(cfg.per_task) or {}
+        return {t: _flat(entry) for t, entry in table.items()}
+    extends = [d for d in cfg.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
+    return recipe_per_task(extends[0]) if extends else {}
+
+
+def _flat(entry: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for k, v in entry.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _per_task_lines(runs: pd.DataFrame, tasks: Sequence[str]) -> list[str]:
+    """The named recipe's per-task settings (its `per_task` table), for the report's tasks; [] without any."""
+    out = []
+    for preset in (p for p in _values(runs, "preset") if p != "None"):
+        table = {t: entry for t, entry in recipe_per_task(preset).items() if t in tasks and entry}
+        if not table:
+            continue
+        rest = [t for t in tasks if t not in table]
+        out += [f"Per-task settings of `{preset}` (its `per_task` table, conf/recipe/{preset}.yaml: each merged over "
+                "the recipe for that task's runs alone" + (f"; the other tasks ({', '.join(rest)}) take the recipe's own" if rest else "")
+                + "):", "", "| task | setting | value |", "|---|---|---|",
+                *(f"| {t} | `{k}` | {v} |" for t, entry in table.items() for k, v in entry.items()), ""]
+    return out
+
+
 def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
-    """The "Fine-tuning recipe" section for the report's fine-tuning runs (`scores` rows), or [] if none."""
+    """The "Fine-tuning recipe" section for the report's fine-tuning runs (`scores` rows), or [] if none: each
+    setting beside the paper's (per task where the tasks were fine-tuned differently), then the named recipe's
+    per-task settings."""
     if not len(scores) or not len(frame):
         return []
     runs = frame[frame["run_id"].isin(set(scores["run_id"]))]
@@ -112,15 +170,8 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
     paper = _paper_defaults(tasks, sizes)
     rows, deviations = [], []
     for s in SETTINGS:
-        ours = _values(runs, s.param)
-        if s.param == "task.epochs":  # per task: compare each task with its own paper value
-            per_task = {t: _values(runs[runs["run_id"].isin(set(scores[scores["task"] == t]["run_id"]))], s.param)
-                        for t in tasks}
-            shown = ", ".join(f"{'/'.join(v) or '?'} ({t})" for t, v in per_task.items())
-            differs = any(v and paper[s.param].find(f"{v[0]} ({t})") < 0 for t, v in per_task.items())
-        else:
-            shown = ", ".join(ours) or "not logged"
-            differs = bool(ours) and not _same(paper[s.param], ours)
+        per_task = _by_task(runs, scores, tasks, s.param)
+        shown, differs = _setting_cells(s, paper[s.param], _values(runs, s.param), per_task)
         rows.append(_row(s.name, paper[s.param], shown, differs))
         if differs:
             deviations.append(f"{s.name}: {shown} (paper: {paper[s.param]})")
@@ -129,6 +180,7 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
            "What the runs in the tables were fine-tuned with, beside the paper's recipe (Table 7 and the reference's "
            f"run_finetuning.py: the project's defaults).{named}", "",
            "| setting | paper | these runs | |", "|---|---|---|---|", *rows, ""]
+    out += _per_task_lines(runs, tasks)
     if deviations:
         out += ["Declared deviations from the paper's fine-tuning recipe (the sweep file sets them for this scale; "
                 "docs/cpu_scale.md says why): " + "; ".join(deviations) + ".", ""]

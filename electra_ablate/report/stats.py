@@ -129,81 +129,136 @@ def switch_steps(data: SweepData) -> dict[str, float]:
     return out
 
 
+def curve_tasks(data: SweepData) -> list[str]:
+    """The instrument a learning curve is read on: every task any fine-tuning run of the sweep has (GLUE order), so
+    that each point, and the random-init floor, averages over the same tasks (GLUE-k); a checkpoint not yet
+    fine-tuned on one of them has no GLUE-k of its own."""
+    present = set(data.scores["task"]) if len(data.scores) else set()
+    return [t for t in glue.TASKS if t in present]
+
+
 def learning_curve(data: SweepData) -> pd.DataFrame:
-    """Per (variant, fraction): GLUE of task medians, the IQR of per-seed GLUE, FLOPs, step, fine-tuning and
-    pre-training seed counts (a run still pre-training adds its seed to the early fractions only), and
-    the network fine-tuned: `generator` for two-stage checkpoints up to the switch (the discriminator is still
-    untrained there, so the generator, an MLM model, is exported), `discriminator` otherwise."""
+    """Per (variant, fraction): GLUE-k of task medians over `curve_tasks` (NaN where a task has no run yet at that
+    checkpoint; `tasks` counts those that have), the IQR of per-seed GLUE-k, FLOPs, step, fine-tuning and
+    pre-training seed counts (a run still pre-training adds its seed to the early fractions only), and the network
+    fine-tuned: `generator` for two-stage checkpoints up to the switch (the discriminator is still untrained there,
+    so the generator, an MLM model, is exported), `discriminator` otherwise."""
     s = curve_runs(data)
     switches = switch_steps(data)
     rows = []
-    tasks = [t for t in glue.TASKS if t in set(s["task"])] if len(s) else []
+    tasks = curve_tasks(data)
     for (variant, fraction), g in s.groupby(["variant", "fraction"]) if len(s) else []:
         medians = g.groupby("task")["score"].median().to_dict()
-        seeds = per_seed_glue(g, [t for t in tasks if t in medians])["glue"]
+        complete = all(t in medians for t in tasks)
+        seeds = per_seed_glue(g, tasks)["glue"] if complete else pd.Series(dtype=float)
         flops = [data.flops.get((run, step)) for run, step in {(r, st) for r, st in zip(g["pretrain_run"], g["step"])}]
         flops = [f for f in flops if f is not None]
         before_switch = all(st <= switches.get(r, -1) for r, st in zip(g["pretrain_run"], g["step"]))
         rows.append({"variant": variant, "fraction": float(fraction), "step": int(g["step"].iloc[0]),
-                     "flops": float(np.mean(flops)) if flops else math.nan, "glue": glue_of(medians),
+                     "flops": float(np.mean(flops)) if flops else math.nan,
+                     "glue": glue_of(medians) if complete else math.nan, "tasks": len(medians),
                      "q25": seeds.quantile(0.25) if len(seeds) else math.nan,
                      "q75": seeds.quantile(0.75) if len(seeds) else math.nan, "n": int(g["seed"].nunique()),
                      "pretrain_seeds": int(g["pretrain_seed"].nunique()),
                      "network": "generator" if before_switch else "discriminator"})
     order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
-    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "q25", "q75", "n", "pretrain_seeds",
-                                     "network"])
+    df = pd.DataFrame(rows, columns=["variant", "fraction", "step", "flops", "glue", "tasks", "q25", "q75", "n",
+                                     "pretrain_seeds", "network"])
     return df.sort_values(["variant", "fraction"], key=lambda c: c.map(order) if c.name == "variant" else c).reset_index(drop=True)
 
 
-def random_init_floors(data: SweepData) -> dict[str, float]:
-    """Per random-init variant (`random_init_of`): the GLUE of its task medians, the floor a curve has to clear."""
-    spec_floors = [v.label for v in data.ctx.spec.variants if v.random_init_of is not None]
+def _random_init_runs(data: SweepData) -> dict[str, pd.DataFrame]:
+    """Per random-init variant (`random_init_of`): its final-checkpoint runs, when they cover every task of
+    `curve_tasks` (else its GLUE-k is not there yet)."""
+    labels = [v.label for v in data.ctx.spec.variants if v.random_init_of is not None]
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    tasks = set(curve_tasks(data))
     out = {}
-    for label in spec_floors:
+    for label in labels:
         g = final[final["variant"] == label] if len(final) else final
-        if len(g):
-            value = glue_of(g.groupby("task")["score"].median().to_dict())
-            if value is not None:
-                out[label] = value
+        if len(g) and set(g["task"]) >= tasks:
+            out[label] = g
+    return out
+
+
+def random_init_floors(data: SweepData) -> dict[str, float]:
+    """Per random-init variant: the GLUE-k (`curve_tasks`) of its task medians, the floor a curve has to clear."""
+    out = {}
+    for label, g in _random_init_runs(data).items():
+        value = glue_of(g.groupby("task")["score"].median().to_dict())
+        if value is not None:
+            out[label] = value
     return out
 
 
 def random_init_bands(data: SweepData) -> dict[str, tuple[float, float, float]]:
-    """Per random-init variant: its floor (random_init_floors) and the quartiles of its per-seed GLUE, the band
+    """Per random-init variant: its floor (random_init_floors) and the quartiles of its per-seed GLUE-k, the band
     that the paper's Figure 4 shades for its no-pre-training baseline."""
     floors = random_init_floors(data)
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    runs = _random_init_runs(data)
     out = {}
     for label, floor in floors.items():
-        g = final[final["variant"] == label]
-        tasks = [t for t in glue.TASKS if t in set(g["task"])]
-        seeds = per_seed_glue(g, tasks)["glue"]
+        seeds = per_seed_glue(runs[label], curve_tasks(data))["glue"]
         low, high = (seeds.quantile(0.25), seeds.quantile(0.75)) if len(seeds) else (floor, floor)
         out[label] = (floor, float(low), float(high))
     return out
 
 
-def crossings(curve: pd.DataFrame, floor: float | None, baseline: str | None) -> list[dict]:
-    """Per curve of `curve` (learning_curve) but the baseline's: its first checkpoint, in pre-training FLOPs,
-    whose median reaches the random-init `floor`, and its first above the baseline's final median (None where no
-    checkpoint does; also None without a floor or a baseline), beside its last checkpoint's FLOPs and its best."""
-    base = curve[(curve["variant"] == baseline) & (curve["fraction"] == 1.0)] if baseline else curve.iloc[:0]
+# FLOPs within this share of each other count as equal: an arm sized to the baseline's budget lands within a
+# fraction of a percent of it (cpu_long: ELECTRA's 3.234e15 against BERT's 3.232e15), never exactly on it.
+EQUAL_FLOPS = 0.02
+
+
+def at_flops(curve: pd.DataFrame, flops: float) -> float | None:
+    """`curve`'s (one arm's learning_curve rows) median at `flops`, interpolated linearly in log FLOPs between its
+    checkpoints; its first or last checkpoint's within EQUAL_FLOPS of them; None outside (never extrapolated)."""
+    g = curve.dropna(subset=["flops", "glue"]).sort_values("flops")
+    if g.empty or math.isnan(flops):
+        return None
+    x, y = np.log(g["flops"].to_numpy()), g["glue"].to_numpy()
+    lo, hi = x[0] + math.log(1 - EQUAL_FLOPS), x[-1] + math.log(1 + EQUAL_FLOPS)
+    if not lo <= math.log(flops) <= hi:
+        return None
+    return float(np.interp(math.log(flops), x, y))  # clamps to the ends within the tolerance
+
+
+def crossings(curve: pd.DataFrame, floor: float | None, baseline: str | None,
+              band_top: float | None = None) -> list[dict]:
+    """Per curve of `curve` (learning_curve), in order of pre-training FLOPs, each first checkpoint whose median is
+    strictly above: the random-init `floor` (its median) and `band_top` (the upper quartile of its per-seed
+    scores); and, for every curve but the baseline's, the baseline at equal FLOPs (`equal_flops`: each checkpoint
+    against the baseline's curve interpolated there, at_flops; none outside its range) and the baseline's final
+    median. None where no checkpoint is; beside each curve's last checkpoint's FLOPs and its best median. Points
+    without a median (a task not fine-tuned yet) or without FLOPs are left out."""
+    base_curve = curve[curve["variant"] == baseline] if baseline else curve.iloc[:0]
+    base = base_curve[base_curve["fraction"] == 1.0]
     target = float(base["glue"].iloc[0]) if len(base) and not is_missing(base["glue"].iloc[0]) else None
     out = []
     for variant, g in curve.groupby("variant", sort=False):
-        if variant == baseline:
+        g = g.dropna(subset=["glue", "flops"]).sort_values("flops")
+        if g.empty:
             continue
-        g = g.sort_values("flops")
         first = {}
-        for name, level in (("floor", floor), ("baseline", target)):
-            above = g[g["glue"] >= level] if level is not None else g.iloc[:0]
-            first[name] = None if above.empty else above.iloc[0][["flops", "fraction", "glue"]].to_dict()
-        out.append({"variant": variant, "floor": floor, "baseline": target, "first_at_floor": first["floor"],
-                    "first_above_baseline": first["baseline"], "last_flops": float(g["flops"].iloc[-1]),
-                    "best": float(g["glue"].max())})
+        for name, level in (("floor", floor), ("band", band_top), ("baseline_final", target)):
+            above = g.iloc[:0] if level is None or (name == "baseline_final" and variant == baseline) else \
+                g[g["glue"] > level]
+            first[name] = None if above.empty else _point(above.iloc[0])
+        equal = []
+        if variant != baseline and len(base_curve):
+            for _, r in g.iterrows():
+                theirs = at_flops(base_curve, r["flops"])
+                if theirs is not None:
+                    equal.append({**_point(r), "baseline": theirs, "difference": float(r["glue"]) - theirs})
+        out.append({"variant": variant, "floor": floor, "band_top": band_top, "baseline_final": target,
+                    "first_above_floor": first["floor"], "first_above_band": first["band"],
+                    "first_above_baseline_final": first["baseline_final"], "equal_flops": equal,
+                    "first_above_baseline": next((e for e in equal if e["difference"] > 0), None),
+                    "last_flops": float(g["flops"].iloc[-1]), "best": float(g["glue"].max())})
     return out
+
+
+def _point(r: pd.Series) -> dict:
+    return {"flops": float(r["flops"]), "fraction": float(r["fraction"]), "glue": float(r["glue"])}
 
 
 def generator_size_points(data: SweepData) -> pd.DataFrame:
