@@ -1,20 +1,24 @@
-"""The console a user reads (common/console.py, sweep/progress.py): library chatter in the log file only,
-warnings on the console, progress lines for a phase's jobs, and a 2-step pre-training run that ends with its
-outcome and no banner."""
+"""The console a user reads (common/console.py, sweep/progress.py, training/heartbeat.py): library chatter in the
+log file only, warnings on the console, progress lines for a phase's jobs (their ends, and at most once a minute
+every running job's step, total and time left), and a 2-step pre-training run that ends with its outcome and no
+banner."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from electra_ablate.common import console
-from electra_ablate.sweep.progress import PhaseConsole, duration
+from electra_ablate.sweep.progress import PhaseConsole, duration, job_progress
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,6 +89,122 @@ def test_a_phase_shows_progress_and_warnings_and_keeps_the_rest_in_its_log(tmp_p
     assert "  | Traceback: boom" in out  # the log's end, shown because the multirun failed
     log = (tmp_path / "multirun" / "console.log").read_text()
     assert "GPU available: False" in log and "Traceback: boom" in log
+
+
+# A stand-in multirun of two jobs side by side: each reports its step through console.heartbeat, as the training
+# loops' Heartbeat callback does, 20 times a second (the callback itself reports every half of the console's
+# interval), for about 3 s; the console's interval is shortened to 0.5 s.
+RUNNING = """
+import sys, threading, time
+from electra_ablate.common import console
+def one(name, first, total, rate):
+    with console.job(name):
+        for i in range(60):
+            console.heartbeat(first + i, total, rate)
+            time.sleep(0.05)
+threads = [threading.Thread(target=one, args=a) for a in (("bert-s0", 1200, 9000, 2.0), ("electra-s0", 10, 1832, None))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_a_running_phase_shows_each_jobs_step_total_and_time_left_at_most_once_an_interval(tmp_path, capsys,
+                                                                                          monkeypatch):
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    log_path = tmp_path / "multirun" / "console.log"
+    watch = PhaseConsole("pretrain", 2, log_path, verbose=False, every_s=0.5)
+    proc = subprocess.Popen([sys.executable, "-c", RUNNING],
+                            **watch.popen_kwargs({**os.environ, "PYTHONPATH": str(REPO)}))
+    tic = time.monotonic()
+    watch.start(proc)
+    watch.finish(proc.wait())
+    elapsed = time.monotonic() - tic
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("  pretrain running: ")]
+    assert lines, out
+    # A resumed job's true step of its total, and the time its own step rate leaves; a job without a rate yet.
+    assert any(re.search(r"bert-s0 1,2\d\d/9,000 \(1[34]%\), 4 h 1\d min left", x) for x in lines), lines
+    assert any(re.search(r"electra-s0 \d+/1,832 \(\d+%\), time left not known yet", x) for x in lines), lines
+    assert "  pretrain 2/2: " in out and "pretrain: 2/2 job(s) done" in out
+    # The log keeps what the console showed, and grows by at most one progress line an interval.
+    logged = [x for x in log_path.read_text().splitlines() if x.startswith("  pretrain running: ")]
+    assert logged == lines
+    assert len(logged) <= elapsed / 0.5 + 1, (len(logged), elapsed)
+
+
+def test_a_resumed_job_reports_its_true_step_and_the_rate_of_the_steps_it_ran_since(tmp_path, monkeypatch):
+    """The Heartbeat callback in a real Lightning loop, stopped at step 30 and resumed from its checkpoint to 60 on a
+    clock that makes every step 2 s and puts a day between the two processes (here, two trainers)."""
+    import itertools
+
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from electra_ablate.training.heartbeat import Heartbeat
+
+    class Toy(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.w(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    progress = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(console.PROGRESS_ENV, str(progress))
+    data = DataLoader(TensorDataset(torch.randn(120, 2)), batch_size=4)  # 30 steps an epoch: step 30 ends one
+
+    def fit(max_steps: int, start: float, ckpt: str | None) -> list[dict]:
+        progress.unlink(missing_ok=True)
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             callbacks=[Heartbeat(every_s=10.0, clock=itertools.count(start, 2.0).__next__)])
+        with console.job("toy-s0"):
+            trainer.fit(Toy(), data, ckpt_path=ckpt)
+        trainer.save_checkpoint(tmp_path / "last.ckpt")
+        return [json.loads(line) for line in progress.read_text().splitlines()]
+
+    first = fit(30, 0.0, None)
+    beats = [r for r in first if "step" in r]
+    assert [r["step"] for r in beats] == [1, 6, 11, 16, 21, 26] and {r["total"] for r in beats} == {30}
+    assert beats[0]["seconds_per_step"] is None and {r["seconds_per_step"] for r in beats[1:]} == {2.0}
+    assert first[-1]["job"] == "toy-s0" and first[-1]["status"] == "done"
+    resumed = [r for r in fit(60, 86_400.0, str(tmp_path / "last.ckpt")) if "step" in r]
+    assert [r["step"] for r in resumed] == [31, 36, 41, 46, 51, 56] and {r["total"] for r in resumed} == {60}
+    assert resumed[0]["seconds_per_step"] is None and {r["seconds_per_step"] for r in resumed[1:]} == {2.0}
+
+
+def test_outside_a_sweep_the_heartbeat_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(console.PROGRESS_ENV, raising=False)
+    assert not console.reporting()
+    with console.job("x"):
+        assert not console.reporting()
+        console.heartbeat(1, 2, 0.5)  # no progress file: nothing to write, no error
+    monkeypatch.setenv(console.PROGRESS_ENV, str(tmp_path / "p.jsonl"))
+    console.heartbeat(1, 2, 0.5)  # outside a job
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_job_s_progress_counts_its_time_left_down_from_its_last_report():
+    record = {"job": "bert-s0", "step": 1200, "total": 9000, "seconds_per_step": 2.0}
+    assert job_progress(record, 0.0, 90.0) == "bert-s0 1,200/9,000 (13%), 4 h 20 min left"
+    assert job_progress(record, 600.0, 900.0) == "bert-s0 1,200/9,000 (13%), 4 h 10 min left"
+    assert job_progress(record, 15600.0 + 5, 90.0).endswith(", 0 s left (no report for 4 h 20 min)")
+    assert job_progress({**record, "seconds_per_step": None}, 0.0, 90.0).endswith(", time left not known yet")
+
+
+def test_the_progress_interval_is_checked_with_the_fix(monkeypatch):
+    monkeypatch.setenv(console.PROGRESS_EVERY_ENV, "0")
+    with pytest.raises(console.ConsoleError, match="ELECTRA_ABLATE_PROGRESS_EVERY_S='0' must be a positive number"):
+        console.progress_every()
+    monkeypatch.setenv(console.PROGRESS_EVERY_ENV, "2.5")
+    assert console.progress_every() == 2.5
 
 
 @pytest.mark.parametrize("seconds, text", [(42, "42 s"), (185, "3 min 05 s"), (3720, "1 h 02 min")])

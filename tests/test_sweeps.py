@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -462,6 +463,27 @@ def test_a_variant_with_fewer_pretraining_seeds_runs_only_those_in_the_multirun(
     pre = {(r.data.tags["variant"], r.data.tags["seed"]): r.info.status
            for r in kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "mini")["pretrain"]}
     assert pre == {(v, s): "FINISHED" for v in ("electra", "bert") for s in ("0", "1")} | {("long", "1"): "FINISHED"}
+
+
+@pytest.mark.slow
+def test_a_running_sweep_shows_its_jobs_step_total_and_time_left(tmp_path, data_dir, token_cache, monkeypatch):
+    """A pre-training long enough for a few progress lines at an interval shortened to 1 s (default 60 s)."""
+    monkeypatch.setenv("ELECTRA_ABLATE_PROGRESS_EVERY_S", "1")
+    path = write_mini(tmp_path / "mini.yaml", name="miniprogress", pretrain_seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["pretrain"]["trainer.max_steps"] = 600
+    spec["variants"], spec["baseline"] = {"bert": {"objective": "bert"}}, "bert"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = run_cli(tmp_path, data_dir, token_cache, path, "phases=[pretrain]").stdout
+    lines = [x for x in out.splitlines() if x.startswith("  pretrain running: ")]
+    assert any(re.search(r"running: \S+ \d{1,3}/600 \(\d+%\), (\d+ min )?\d+ s left$", x) for x in lines), out
+    (log,) = (tmp_path / "outputs").rglob("multirun/*_pretrain/console.log")
+    text = log.read_text()
+    assert [x for x in text.splitlines() if x.startswith("  pretrain running: ")] == lines
+    # At most one progress line a (shortened) minute: the phase's own elapsed time bounds them.
+    seconds = json.loads(kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "miniprogress")["sweep"][0]
+                         .data.tags["phase.pretrain"])["seconds"]
+    assert 1 <= len(lines) <= seconds / 1.0 + 1, (len(lines), seconds)
 
 
 @pytest.mark.slow

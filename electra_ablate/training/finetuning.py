@@ -35,6 +35,7 @@ from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
                                                      resolve_pretrained)
+from electra_ablate.training.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +308,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         num_sanity_val_steps=0,
         enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
         default_root_dir=cfg.paths.output_dir,
+        callbacks=[Heartbeat()],  # the step a sweep's console shows; nothing else
     )
     trainer.fit(system, datamodule)
     if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
