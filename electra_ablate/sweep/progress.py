@@ -105,7 +105,8 @@ class PhaseConsole:
         summary += f", {failed} failed" if failed else ""
         self._say(f"{summary} in {duration(time.perf_counter() - self._tic)}")
         with self._lock:
-            self._log.close()
+            if self._log is not None:
+                self._log.close()
             self._log = None
         if returncode and not self.verbose:
             print(f"{self.phase}: the multirun exited with {returncode}; the end of {self.log_path}:", flush=True)
