@@ -30,6 +30,7 @@ from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
 from electra_ablate.tracking import runs as tracking
+from electra_ablate.training.build import config_step_flops
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
@@ -93,6 +94,11 @@ def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
     budgets = {k: budget(c) for k, c in cfgs.items()}
     for k, b in budgets.items():
         assert b == pytest.approx(budgets["joint"], rel=0.01), (k, budgets)
+    for k, c in cfgs.items():  # a dry run (sweep/cost.py) counts each stage's steps at that stage's FLOPs
+        per_step = config_step_flops(c, encoder(c).vocab_size)
+        stages = get_class(c.algorithm._target_).stage_steps(c)
+        assert sum(stages.values()) == c.trainer.max_steps
+        assert sum(n * per_step[stage] for stage, n in stages.items()) == pytest.approx(budgets[k], rel=1e-9), k
 
 
 @pytest.mark.parametrize("scale", scales_of("table1_small"))
@@ -362,7 +368,6 @@ def test_a_dry_run_prices_what_it_would_run_from_the_closest_timed_step(tmp_path
 
     from electra_ablate.sweep import cost
     from electra_ablate.sweep import run as runner
-    from electra_ablate.training.build import config_step_flops
 
     (tmp_path / "costed.yaml").write_text(COSTED)
     ctx = context(tmp_path / "costed.yaml", None, tmp_path, data_dir)
