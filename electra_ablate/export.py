@@ -18,7 +18,7 @@ import json
 import re
 from pathlib import Path
 
-from electra_ablate.common import cli
+from electra_ablate.common import cli, stops
 from electra_ablate.hf.convert import HFInteropError
 from electra_ablate.hf.exporting import export_pretrained
 from electra_ablate.tracking import store
@@ -95,7 +95,12 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty output directory")
     args = parser.parse_args(argv)
     directory = resolve_source(args.source, args.tracking_uri, args.step)
-    written = export_pretrained(directory, args.out, overwrite=args.overwrite)
+    try:
+        written = export_pretrained(directory, args.out, overwrite=args.overwrite)
+    except stops.Stopped:
+        stops.report(f"the export of {directory} to {args.out} wrote nothing (it has no MLflow run); the same "
+                     "command exports it")
+        raise
     for name, path in written.items():
         print(f"{name}: {path}")
     return written
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
 
 @cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a refused source or output ends in one line (common/cli.py)."""
+    """Console entry: a refused source or output ends in one line, and so does a stop (common/cli.py)."""
     main()
 
 

@@ -26,8 +26,10 @@ def _checkpoint_name(cfg: DictConfig) -> str:
     return str(choices.get("sweep_checkpoint") or cfg.pretrained)
 
 
+@cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (common/cli.py)."""
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts; a stop ends the
+    command with one line and its exit status (common/cli.py)."""
     console.take_verbose_flag()
     cli.check_args("finetune")
     main()

@@ -49,8 +49,10 @@ def main(cfg: DictConfig) -> str | None:
     return run_id
 
 
+@cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (common/cli.py)."""
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts; a stop ends the
+    command with one line and its exit status (common/cli.py)."""
     console.take_verbose_flag()
     cli.check_args("pretrain")
     main()

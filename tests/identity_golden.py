@@ -58,7 +58,8 @@ def current_identities(tmp: Path, lookups: dict[str, list[str]] | None = None) -
                     task = ctx.spec.tasks[0]
                     cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}",
                                                 f"task={task}", "seed=0"])
-                    (name, task_cfg), = [t for t in finetuning.selected_tasks(cfg)]
+                    (task_spec, task_cfg), = [t for t in finetuning.selected_tasks(cfg)]
+                    cfg, task_cfg = finetuning.for_task(cfg, task_spec.name, task_cfg)
                     spec = finetune_source.normalise_spec(cfg.pretrained)
                     ident = finetuning.run_identity(cfg, task_cfg, spec)
                     out[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.config_hash(ident)

@@ -8,6 +8,7 @@ import ast
 import csv
 import json
 import os
+import re
 import shutil
 import sys
 import types
@@ -591,3 +592,52 @@ def test_a_bad_reinit_top_layers_is_refused_before_any_run(store, tmp_path, valu
     with pytest.raises(finetune_source.FinetuneError, match=message):
         finetuning.run(cfg)
     assert runs_of(client, "bad-reinit") == []
+
+
+# --- per-task settings ---------------------------------------------------------------------------------------
+
+
+def test_per_task_settings_apply_to_their_task_only_and_are_its_identity(store, tmp_path):
+    client, uri = store
+    exp = "per-task"
+    glue_dir = glue_dir_with(tmp_path, "MNLI", "STS-B")
+    table = ["+per_task.stsb.glue_data.max_train_examples=2", "+per_task.stsb.task.epochs=1",
+             "+per_task.stsb.finetune_optim.lr=1e-3"]
+    cfg = config(tmp_path, uri, exp, "pretrained=none", "task=glue", f"glue_data.dir={glue_dir}",
+                 "glue_data.batch_size=4", "task.members.mnli.epochs=1", *table, *TINY_MODEL)
+    finetuning.run(cfg)
+    runs = {r.data.tags["task"]: r.data for r in runs_of(client, exp)}
+    # STS-B: its first 2 rows doubled, 1 epoch at its own lr; MNLI as the run says (4 rows, lr by size).
+    assert (runs["stsb"].params["resolved.train_examples"], runs["stsb"].params["task.epochs"]) == ("4", "1")
+    assert runs["stsb"].params["resolved.lr"] == "0.001" and runs["mnli"].params["resolved.lr"] != "0.001"
+    assert runs["mnli"].params["resolved.train_examples"] == "4" and "per_task" not in " ".join(runs["mnli"].params)
+
+    # The table is not the identity: the same settings given directly are the same STS-B run, and a
+    # per-task change for another task leaves this one's identity alone.
+    def ident(*overrides):
+        c = config(tmp_path, uri, exp, "pretrained=none", "task=stsb", *overrides, *TINY_MODEL)
+        c, task_cfg = finetuning.for_task(c, "stsb", c.task)
+        return finetuning.run_identity(c, task_cfg, "none")
+
+    direct = ident("glue_data.max_train_examples=2", "task.epochs=1", "finetune_optim.lr=1e-3")
+    assert ident(*table) == direct
+    assert ident(*table, "+per_task.rte.glue_data.max_seq_length=128") == direct
+    assert ident() == ident("+per_task.rte.task.epochs=2")
+    assert ident(*table) != ident()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+per_task.stbs.task.epochs=1", "names ['stbs'], which are not GLUE tasks"),
+    ("+per_task.stsb.glue_data.max_seq_lenght=128", "per_task.stsb.glue_data.max_seq_lenght is not a fine-tuning "
+                                                    "setting"),
+    ("+per_task.stsb.task.epoch=1", "per_task.stsb.task.epoch is not a fine-tuning setting"),
+    ("+per_task.stsb.seed=3", "sets ['seed'], which one task cannot change"),
+    ("+per_task.stsb.task.epochs=0", "task.epochs=0 must be a positive integer"),
+])
+def test_a_bad_per_task_entry_is_refused_before_any_run(store, tmp_path, override, message):
+    client, uri = store
+    cfg = config(tmp_path, uri, "per-task-bad", "pretrained=none", "task=stsb", f"glue_data.dir={FIXTURES}", override,
+                 *TINY_MODEL)
+    with pytest.raises(Exception, match=re.escape(message)):
+        finetuning.run(cfg)
+    assert runs_of(client, "per-task-bad") == []

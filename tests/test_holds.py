@@ -57,7 +57,7 @@ def test_the_readme_row_says_claim_verdict_difference_and_report_and_folds_the_s
     write_records(tmp_path, {("cpu_regime", None): [*verdicts, electra_floor],
                              ("table5_efficiency", "cpu"): verdicts[:1]})
     lines = holds.summary_table(holds.load_records(tmp_path))
-    assert lines[:2] == ["| claim | verdict | Δ points [95% interval] | report |", "|---|---|---|---|"]
+    assert lines[:2] == ["| claim | verdict (SST-2) | Δ points [95% interval] | report |", "|---|---|---|---|"]
     assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | [cpu_regime.md](reports/cpu_regime.md), "
             "[table5_efficiency_cpu.md](reports/table5_efficiency_cpu.md) |") in lines
     (sanity,) = [line for line in lines if line.startswith("| Pre-training beats no pre-training")]
@@ -199,7 +199,8 @@ def test_each_claim_shows_its_verdict_under_both_presets_side_by_side(tmp_path):
     assert holds.is_cpu_scale(load_sweep("weight_sharing", "cpu_30k"))
     # The README's short table: each preset's verdict and difference side by side.
     short = holds.summary_table(*holds.preset_records(tmp_path))
-    assert short[0] == "| claim | `cpu_regime` | Δ [95% interval] | `cpu_regime_30k` | Δ [95% interval] | reports |"
+    assert short[0] == ("| claim | `cpu_regime` (SST-2) | Δ [95% interval] | `cpu_regime_30k` (SST-2) | Δ [95% interval] "
+                        "| reports |")
     assert ("| ELECTRA beats BERT | **reversed** | -7.7 [-10.6, -5.0] | **holds** | +3.1 [+0.9, +5.2] | "
             "[cpu_regime.md](reports/cpu_regime.md), [cpu_regime_30k.md](reports/cpu_regime_30k.md) |") in short
     # A claim not run yet under one preset says so in its cell; the commands stay out of the short table, which

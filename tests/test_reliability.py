@@ -522,7 +522,9 @@ def test_a_stopped_sweep_leaves_no_process_and_its_rerun_resumes(tmp_path, data_
             runner.kill()
             runner.wait()
     stop_s = time.perf_counter() - tic
-    assert runner.returncode != 0, out[-3000:]
+    assert runner.returncode == 128 + sig, out[-3000:]  # 130 for SIGINT, 143 for SIGTERM: never a success
+    last = [x for x in out.strip().splitlines() if x.strip()][-1]
+    assert last.startswith(f"stopped by {sig.name}: sweep stop ") and "is recorded KILLED" in last, out[-3000:]
     assert len(seen) >= 2 + bool(launcher), seen  # the multirun, its job(s) or loky workers, DataLoader workers
     time.sleep(1)
     alive = seen & {(pid, start) for pid, (_, start) in processes().items()}

@@ -695,28 +695,46 @@ def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, 
     assert len(spec.pretrain_seeds) >= 3 and len(spec.seeds) >= 5
 
 
-def test_the_30k_preset_sweep_compares_at_equal_compute_and_runs_electra_to_4x_on_one_seed(tmp_path, data_dir):
+def test_the_30k_preset_sweep_compares_at_equal_compute_on_every_local_glue_task(tmp_path, data_dir):
     ctx = context("cpu_regime_30k", "tiny", tmp_path, data_dir)
-    cfgs = {v: ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "electra", "electra_4x")}
+    cfgs = {v: ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "electra")}
     bert = cfgs["bert"]
     assert (bert.data.train_vocab_size, bert.data.max_seq_length, bert.trainer.max_steps) == (0, 128, 3000)
     assert bert.data.batch_size * bert.data.max_seq_length * bert.trainer.max_steps == 49_152_000  # cpu_regime's
     for label, cfg in cfgs.items():
         assert (cfg.preset, cfg.model.layer_norm, cfg.model.hidden_dropout_prob) == ("cpu_regime_30k", "pre", 0.0)
         assert encoder(cfg) == encoder(bert) and cfg.data == bert.data, label
+        # Still saved where the SST-2 learning curve read them: the runs keep their identity.
         assert list(cfg.trainer.export_fractions) == [0.125, 0.25, 0.5], label
         assert cfg.trainer.max_steps % 8 == 0, label
     assert budget(cfgs["electra"]) == pytest.approx(budget(bert), rel=0.01)  # the paper's FLOPs accounting
-    assert budget(cfgs["electra_4x"]) == pytest.approx(4 * budget(bert), rel=0.01)
-    assert cfgs["electra"].optim.lr == cfgs["electra_4x"].optim.lr == 5e-4 and bert.optim.lr == 2e-3
-    # Three pre-training seeds for the compared arms, one for the long curve: seven runs, not nine.
-    assert sorted(ctx.pretrain_jobs()) == sorted(
-        [PretrainJob(v, s) for v in ("bert", "electra") for s in (0, 1, 2)] + [PretrainJob("electra_4x", 0)])
+    assert cfgs["electra"].optim.lr == 5e-4 and bert.optim.lr == 2e-3
+    assert sorted(ctx.pretrain_jobs()) == sorted(PretrainJob(v, s) for v in ("bert", "electra") for s in (0, 1, 2))
     assert ctx.spec.variant("none").random_init_of == "bert" and len(ctx.spec.seeds) >= 5
+    assert ctx.spec.tasks == ("cola", "sst2", "mrpc", "stsb", "rte") and ctx.spec.checkpoints == (1.0,)
     ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
     ctx.write_finetune_config(ckpt)
     ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
-    assert (ft.pooling, ft.dropout.hidden, ft.glue_data.max_train_examples) == ("mean", 0.0, 4000)
+    assert (ft.preset, ft.pooling, ft.dropout.hidden, ft.glue_data.max_seq_length) == ("cpu_glue", "mean", 0.0, 128)
+    # The recipe's own settings per task: SST-2 keeps cpu_regime's 4,000 labels, the others their whole sets.
+    from electra_ablate.training import finetuning
+    (task, task_cfg), = finetuning.selected_tasks(ft)
+    assert finetuning.for_task(ft, task.name, task_cfg)[0].glue_data.max_train_examples == 4000
+    assert ft.glue_data.max_train_examples is None
+
+
+def test_the_long_sweep_is_the_30k_encoder_on_the_whole_slice_at_equal_compute(tmp_path, data_dir):
+    ctx = context("cpu_long", "tiny", tmp_path, data_dir)
+    regime = context("cpu_regime_30k", "tiny", tmp_path / "cr", data_dir).compose_pretrain(PretrainJob("bert", 0))
+    bert, electra = (ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "electra"))
+    assert encoder(bert) == encoder(electra) == encoder(regime) and bert.data.max_docs is None
+    assert bert.data.batch_size * bert.data.max_seq_length * bert.trainer.max_steps >= 250_000_000
+    assert budget(electra) == pytest.approx(budget(bert), rel=0.01)
+    assert (bert.optim.lr, electra.optim.lr) == (2e-3, 5e-4) and bert.optim.warmup_steps == electra.optim.warmup_steps
+    for cfg in (bert, electra):  # every fraction down to 1/32 is a whole step
+        assert all(float(f * cfg.trainer.max_steps).is_integer() for f in ctx.spec.checkpoints)
+    assert sorted(ctx.pretrain_jobs()) == [PretrainJob("bert", 0), PretrainJob("electra", 0)]
+    assert ctx.spec.tasks == ("cola", "sst2", "mrpc", "stsb", "rte") and ctx.spec.paper == "table1_small"
 
 
 # The ablation sweeps at the 30k preset: which arms must match which budget, and the runs they reuse.

@@ -49,7 +49,7 @@ from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, DEFAULT_SECTIO
                                            REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
                                            log, machine_info, resolve_device)
-from electra_ablate.common import cli
+from electra_ablate.common import cli, stops
 from electra_ablate.common.io import write_text
 
 
@@ -201,7 +201,11 @@ def main(argv: list[str] | None = None) -> Report | None:
         print(PROBE_TAG + json.dumps(probe(spec)), flush=True)
         return None
     out, json_out = out
-    rep = run(s)
+    try:
+        rep = run(s)
+    except stops.Stopped:
+        stops.report(f"the benchmark wrote no report to {out} (it has no MLflow run); the same command runs it again")
+        raise
     write_text(out, render(rep))
     costs = write_step_costs(rep, out)  # the presets' and throughput's steps, for a sweep's dry run (sweep/cost.py)
     if costs is not None:
@@ -215,5 +219,5 @@ def main(argv: list[str] | None = None) -> Report | None:
 
 @cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a refused option ends in one line (common/cli.py)."""
+    """Console entry: a refused option ends in one line, and so does a stop (common/cli.py)."""
     main()

@@ -10,7 +10,12 @@ A refused input (a bad value, a missing file, a sweep that cannot work) ends the
 `error: <message>` on stderr and exit status 1 (`one_line_errors`), not Hydra's "Error executing job" and a
 stack; HYDRA_FULL_ERROR=1 keeps the stack. Inside a multirun the error is left to the launcher, which records
 the job FAILED and reports the first failure once the other jobs have run (the multirun then exits 1); the job's
-own log gets the message.
+own log gets the message. A refused command leaves no run folder behind (`RunDirRecord`): the outputs folder is
+as it was.
+
+A stop (Ctrl-C, SIGTERM) ends the command with one line `stopped by <signal>: <what was stopped, where, and that
+the same command resumes it>` on stderr and exit status 130 or 143 (common/stops.py), also when it stops a
+multirun: its jobs end KILLED and the multirun with the stop's status.
 """
 
 from __future__ import annotations
@@ -21,12 +26,18 @@ import functools
 import io
 import logging
 import os
+import shutil
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from omegaconf import OmegaConf
+from hydra.errors import CompactHydraException
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from electra_ablate.common import stops
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PACKAGE = __name__.split(".")[0]
@@ -242,33 +253,139 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _multirun_command(argv: Sequence[str] | None = None) -> bool:
+    return any(a in ("-m", "--multirun") for a in (sys.argv[1:] if argv is None else argv))
+
+
+class JobStopped(CompactHydraException):
+    """A job of a multirun that a stop ended, in a launcher's worker process: an error the launcher records as
+    the job's failure (the other jobs come back too: a pool is not torn down under them), shown as its one line
+    when the multirun reports its first failure."""
+
+
+_depth = 0  # entry points running in this process
+
+
 def one_line_errors(main: F) -> F:
     """Decorate an entry point (a Hydra task function or a console `main`): a refusal ends the command with
-    `error: <message>` and exit status 1. Other errors, any error inside a multirun (the launcher records the
-    job FAILED and goes on), and every error under HYDRA_FULL_ERROR=1 propagate with their stack."""
+    `error: <message>` and exit status 1, having left no run folder behind; a stop (Ctrl-C, SIGTERM) with one
+    `stopped by <signal>: ...` line and exit status 130 or 143 (common/stops.py). Other errors, any error inside
+    a multirun (the launcher records the job FAILED and goes on), and every error under HYDRA_FULL_ERROR=1
+    propagate with their stack; a stopped multirun ends with the stop's status."""
 
     @functools.wraps(main)
     def run(*args, **kwargs):
+        global _depth, _existed
+        task = bool(args) and isinstance(args[0], DictConfig)  # a Hydra task function (a run or a job)
+        if not task and _depth == 0:  # the command itself
+            stops.mark_entry_process()
+            _existed = None
+        _depth += 1
         try:
-            return main(*args, **kwargs)
-        except Exception as error:
-            message = refusal_message(error)
-            if _in_multirun():
-                # The job's own log says why it did not run (Hydra reports only the first failure, at the end).
-                if message is None:
-                    log.exception("the job failed")
-                else:
-                    log.error("error: %s", message)
-                raise
-            if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            # SystemExit passes Hydra's job runner, which catches Exception only.
-            sys.exit(f"error: {message}")
-        except KeyboardInterrupt:
-            if _in_multirun() or os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            # Ctrl-C or SIGTERM: the runs it stopped are recorded KILLED and resume from their last checkpoint.
-            print("interrupted: what was running is recorded KILLED; the same command resumes it", file=sys.stderr)
-            sys.exit(130)
+            with stops.handled(multirun_parent=not task and _multirun_command(),
+                               also=_scheduler_signals() if task else ()):
+                try:
+                    if stops.received() is not None:  # a stopped process starts nothing more (a pool's next job)
+                        stops.forget_reports()
+                        stops.report("this job was not started; the same command runs it")
+                        raise stops.Stopped(stops.received())
+                    with stops.job_running() if task and not stops.in_entry_process() else contextlib.nullcontext():
+                        return main(*args, **kwargs)
+                except BaseException as error:
+                    _end(error, task)
+                    raise
+        finally:
+            _depth -= 1
 
     return run  # type: ignore[return-value]
+
+
+def _scheduler_signals() -> tuple[int, ...]:
+    """In a job submitit runs (hydra/launcher=submitit_*, slurm_gpu): its signal of a time limit or a preemption
+    (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL names another), a stop like SIGTERM that is then handed on to
+    submitit, which requeues the job."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return ()
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return (sig,) if sig is not None else ()
+
+
+def _end(error: BaseException, task: bool) -> None:
+    """How an entry point ends on `error`: exits (SystemExit) with the command's status and line, raises what a
+    launcher must see, or returns to let `error` propagate."""
+    signum = stops.signal_of(error)
+    job = task and _in_multirun()
+    if signum is not None:
+        if isinstance(error, SystemExit) and not task:
+            sys.exit(stops.exit_status(signum))  # the line is out already (the run's, or the launcher's report)
+        text = stops.line(signum)
+        log.info("%s", text)
+        if job:
+            if stops.in_entry_process():
+                raise stops.Stopped(signum) from None  # jobs run here (basic launcher): the multirun stops
+            stops.hand_off(signum)  # submitit's time limit or preemption: it requeues the job (and exits)
+            raise JobStopped(text) from None  # the launcher records this job failed and gathers the others
+        print(text, file=sys.stderr, flush=True)
+        sys.exit(stops.exit_status(signum))
+    if not isinstance(error, Exception):
+        return
+    message = refusal_message(error)
+    if job:
+        # The job's own log says why it did not run (Hydra reports only the first failure, at the end).
+        if message is None:
+            log.exception("the job failed")
+        else:
+            log.error("error: %s", message)
+        return
+    if message is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return
+    if task:
+        _remove_run_dir()
+    # SystemExit passes Hydra's job runner, which catches Exception only.
+    sys.exit(f"error: {message}")
+
+
+# --- a refused command leaves no run folder -------------------------------------------------------------------
+
+_existed: Path | None = None  # the deepest folder on the run folder's path that existed when the command started
+
+
+class RunDirRecord(Callback):
+    """Hydra callback (conf/hydra/default.yaml): notes, before Hydra makes the run folder, which of the folders
+    on its path already existed, so that a refused command can remove what Hydra made for it and nothing else."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        global _existed
+        try:
+            path = Path(str(config.hydra.run.dir)).absolute()
+        except Exception:  # noqa: BLE001 - a run dir that does not resolve: Hydra says so itself
+            return
+        _existed = next((p for p in (path, *path.parents) if p.exists()), None)
+
+
+def _remove_run_dir() -> None:
+    """Remove the run folder Hydra made for this command (its .hydra/ and log) and the folders made for it, when
+    it did not exist before (a run folder named by hand may hold earlier runs: it is left as it is)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    global _existed
+    existed, _existed = _existed, None
+    if existed is None or not HydraConfig.initialized():
+        return
+    run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    if run_dir == existed or existed not in run_dir.parents:
+        return
+    for handler in list(logging.getLogger().handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+    for path in run_dir.glob("*.log"):
+        path.unlink(missing_ok=True)
+    for folder in (run_dir, *run_dir.parents):
+        if folder == existed:
+            break
+        try:
+            folder.rmdir()  # only when empty: another command's run may have appeared beside it
+        except OSError:
+            break

@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from electra_ablate.common import stops
+
 
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
@@ -26,7 +28,8 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; stores and caches are shared by every run and user
-        os.replace(tmp, path)
+        with stops.deferred():  # a stop (SIGTERM) arriving now waits until the file is in place
+            os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -69,9 +72,10 @@ def atomic_dir(target: str | Path, replace: bool = True) -> Iterator[Path]:
                 raise
         return
     old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
+    with stops.deferred():  # never stopped between moving the old one aside and putting the new one in place
+        if target.exists():
+            target.rename(old)
+        tmp.rename(target)
     if old.is_dir():
         shutil.rmtree(old, ignore_errors=True)
     elif old.exists():

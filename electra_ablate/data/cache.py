@@ -9,12 +9,15 @@ same way under `cache_dir/vocab/<key>/`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import itertools
 import json
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,7 +27,7 @@ from tokenizers import models
 from electra_ablate.common.io import atomic_dir
 from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
 from electra_ablate.data import wordpiece
-from electra_ablate.data.corpus_files import file_sha256
+from electra_ablate.data.corpus_files import file_sha256, memo_path
 from electra_ablate.data.errors import DataError
 from electra_ablate.data.example_writer import EXAMPLE_ARRAYS, ExampleWriter
 from electra_ablate.data.examples import ExampleBuilder
@@ -215,6 +218,35 @@ def finish_entry(directory: Path, token_counts: np.ndarray, vocab_file: Path, me
     (directory / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True))
 
 
+@contextlib.contextmanager
+def _nothing_left_if_refused(corpus: Path, cache_dir: Path) -> Iterator[None]:
+    """A corpus refused while it is read (binary part-way, truncated: DataError) leaves the cache folder as it
+    was: the digest this build remembered for it and the folders it made are removed (not other entries)."""
+    folders = [cache_dir / "hashes", cache_dir / "pretrain", cache_dir / "vocab", cache_dir]
+    made = [f for f in folders if not f.exists()]
+    memo = memo_path(corpus, cache_dir) if corpus.is_file() else None
+    remembered = memo is not None and memo.is_file()
+    try:
+        yield
+    except DataError:
+        if memo is not None and not remembered:
+            memo.unlink(missing_ok=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+        raise
+
+
+def _leaves_nothing_if_refused(build):
+    @functools.wraps(build)
+    def run(*, corpus: str | Path, cache_dir: str | Path, **kwargs):
+        with _nothing_left_if_refused(Path(corpus), Path(cache_dir)):
+            return build(corpus=corpus, cache_dir=cache_dir, **kwargs)
+
+    return run
+
+
+@_leaves_nothing_if_refused
 def build_or_load(
     *,
     corpus: str | Path,

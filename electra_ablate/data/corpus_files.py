@@ -38,11 +38,15 @@ def _fix_paths() -> str:
 # Content hashes
 
 
+def memo_path(path: Path, cache_dir: Path) -> Path:
+    """Where `file_sha256` remembers the digest of `path` as it is now (its size and modification time)."""
+    st = path.stat()
+    return cache_dir / "hashes" / hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+
+
 def file_sha256(path: Path, cache_dir: Path) -> str:
     """SHA-256 of a file's bytes, remembered under cache_dir/hashes per (path, size, mtime): hashed once."""
-    st = path.stat()
-    stamp = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
-    memo = cache_dir / "hashes" / stamp
+    memo = memo_path(path, cache_dir)
     if memo.is_file():
         return memo.read_text().strip()
     h = hashlib.sha256()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from electra_ablate.common import stops
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 
 CONFIG_NAME = "config.json"
@@ -51,9 +52,10 @@ def save_pretrained(
         torch.save({k: v.detach().cpu() for k, v in generator.state_dict().items()}, tmp / GENERATOR_NAME)
     shutil.copyfile(vocab_file, tmp / VOCAB_NAME)
     (tmp / CONFIG_NAME).write_text(json.dumps(info, indent=2, sort_keys=True))
-    if directory.exists():
-        shutil.rmtree(directory)
-    tmp.rename(directory)
+    with stops.deferred():  # a stop (SIGTERM) never falls between removing the old directory and the rename
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
     return directory
 
 

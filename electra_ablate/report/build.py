@@ -9,10 +9,12 @@ arm's degenerate runs (dev predictions of one class: report/predictions.py), gen
 Figure 3 left), learning curves against pre-training FLOPs counted as the paper does whenever the sweep
 fine-tunes intermediate checkpoints (electra_ablate.models.flops; report/figures.py), each pre-training
 run's masked-LM accuracy and discriminator AUC against its FLOPs (report/collect.py, pretraining_curves), verdicts on the
-paper's claims (report/verdicts.py; also as data in `reports/<name>/verdicts.json`, from which
+paper's claims on the GLUE mean and, for several tasks, per task (report/verdicts.py), which tasks see
+pre-training at all (report/sensitivity.py: each pre-trained arm against random init per task, with the dev-set
+noise and the cost of a fine-tuning run), the verdicts also as data in `reports/<name>/verdicts.json`, from which
 report/holds.py makes the README's "What holds at CPU scale" table, refreshed here when a CPU-scale report is
-written into the repository's `reports/`),
-failed and missing runs, and how the numbers were produced (report/provenance.py); report/markdown.py renders
+written into the repository's `reports/`, failed and missing runs (a task without local GLUE data once, as
+skipped), and how the numbers were produced (report/provenance.py); report/markdown.py renders
 it. The runs counted are exactly the sweep's grid: pre-training runs found by config hash, fine-tuning runs
 by (pre-training run, step, task, seed), newest finished first.
 """
@@ -27,7 +29,7 @@ from omegaconf import DictConfig
 from electra_ablate.common import cli, console
 from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
-from electra_ablate.report import arms, expected_max, holds, outcome, verdicts
+from electra_ablate.report import arms, expected_max, holds, outcome, sensitivity, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure,
                                            pretraining_curves_figure)
@@ -95,12 +97,15 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
             figures["expected_max"] = f"{name}/expected_max.png"
     paper = load_paper_results()
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions)
-    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems)
+    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems,
+                       summary.tasks, data.skipped)
     end = end_of_pretraining_section(ctx.spec, data.pretrain, paper, figures.get("pretraining_curves"))
     closing = pretrain_recipe_lines(data.pretrain) + end + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
         closing += ["In words, with the scale each verdict was reached at:", "",
                     *arms.scale_sentences(results, arms.describe(ctx.spec, data.pretrain)), ""]
+    closing += sensitivity.section(ctx.spec, summary.tasks, summary.medians, results,
+                                   sensitivity.task_seconds(final, data.frame, client))
     return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing), results
 
 
@@ -113,6 +118,7 @@ def main(cfg: DictConfig) -> str:
     return str(write_report(ctx, client, cfg.report_dir))
 
 
+@cli.one_line_errors
 def cli_main() -> None:
     """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
     console.take_verbose_flag()

@@ -1,7 +1,8 @@
 """The runs of one sweep's grid, read from its MLflow experiment: pre-training runs found by config hash,
 fine-tuning runs by (pre-training run, step, task, seed), newest finished first, each with whether it learned
-anything (report/predictions.py); failed and missing jobs as one line each; pre-training FLOPs at each
-checkpoint counted as the paper does (electra_ablate.models.flops).
+anything (report/predictions.py); failed and missing jobs as one line each (a task without local GLUE data that
+never ran: the task once, as skipped); pre-training FLOPs at each checkpoint counted as the paper does
+(electra_ablate.models.flops).
 
 A finished run whose score is undefined (NaN: the Spearman correlation of constant STS-B predictions) is a
 degenerate run, not a failure: it counts with score 0 (no ranking information, as one class gets an MCC of
@@ -23,8 +24,8 @@ from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.predictions import is_degenerate, load_run_predictions
 from electra_ablate.sweep.compose import SweepContext
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
-from electra_ablate.sweep.plan import (PretrainState, checkpoints_of, finetune_hashes, finetune_key, key_of,
-                                       pretrain_states, random_init_checkpoints, saved_so_far)
+from electra_ablate.sweep.plan import (PretrainState, available_tasks, checkpoints_of, finetune_hashes, finetune_key,
+                                       key_of, pretrain_states, random_init_checkpoints, saved_so_far)
 from electra_ablate.tracking import runs as tracking
 
 
@@ -41,6 +42,11 @@ class SweepData:
     predictions: dict[str, mb.RunPredictions | None] = field(default_factory=dict)
     # each grid job's pre-training run's logged curves, finished or as far as it got (pretraining_curves)
     curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
+    # tasks of the sweep without local GLUE data and without a finished run: never fine-tuned, so every GLUE score
+    # of the report averages over the other tasks (said once, not as a missing job per seed); and where they were
+    # looked for
+    skipped: list[str] = field(default_factory=list)
+    glue_dir: str | None = None
 
     @property
     def intermediate(self) -> bool:
@@ -107,6 +113,8 @@ def collect(ctx: SweepContext, client) -> SweepData:
         (done if finished else failed).setdefault(key, []).append(row)
 
     hashes = finetune_hashes(ctx, checkpoints) if checkpoints and spec.tasks and spec.seeds else {}
+    available = available_tasks(ctx) if spec.tasks else None  # None: the HF loader, every task can run
+    no_data: dict[str, list[str]] = {}  # task without local data -> its missing jobs' lines
     records = []
     predictions: dict[str, mb.RunPredictions | None] = {}
     for c in checkpoints:
@@ -136,17 +144,25 @@ def collect(ctx: SweepContext, client) -> SweepData:
                     "degenerate": is_degenerate(task, preds, undefined),
                 })
             if absent:
-                problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(absent) > 1 else ''} "
-                                f"{', '.join(map(str, absent))}: missing (no MLflow run)")
+                line = (f"fine-tuning {c.config_name} {task} seed{'s' if len(absent) > 1 else ''} "
+                        f"{', '.join(map(str, absent))}: missing (no MLflow run)")
+                if available is not None and task not in available:
+                    no_data.setdefault(task, []).append(line)
+                else:
+                    problems.append(line)
             if superseded:
                 problems.append(f"fine-tuning {c.config_name} {task} seed{'s' if len(superseded) > 1 else ''} "
                                 f"{', '.join(map(str, superseded))}: finished only with another fine-tuning config "
                                 "(not counted); run the sweep again to fine-tune with the current one")
+    ran = {r["task"] for r in records}
+    skipped = [t for t in spec.tasks if t in no_data and t not in ran]
+    problems += [line for t, lines in no_data.items() if t in ran for line in lines]  # its data went after some ran
     scores = pd.DataFrame.from_records(records, columns=[
         "variant", "pretrain_seed", "pretrain_run", "step", "fraction", "final", "task", "seed", "score", "run_id",
         "degenerate"])
     data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions,
-                     curves=pretraining_curves(client, states))
+                     curves=pretraining_curves(client, states), skipped=skipped,
+                     glue_dir=str(ctx.compose_finetune().glue_data.dir) if skipped else None)
     if "learning_curves" in spec.figures or data.intermediate:
         data.flops = checkpoint_flops(client, states, checkpoints)
     return data

@@ -6,8 +6,12 @@ README.md (claim, verdict, difference, report; the sanity checks against random 
 the full one in docs/cpu_scale.md (the paper's numbers, each arm's pre-training, seeds). Both show each claim's
 verdict under each named CPU preset side by side (`PRESETS`: `cpu_regime`, a 2k vocabulary and 64-token
 sequences; `cpu_regime_30k`, BERT's 30k vocabulary and 128-token sequences), so that a reader sees which verdicts
-depend on the vocabulary; a preset none of whose reports is committed yet adds no columns. The report generator
-refreshes both whenever it writes one of those reports into the repository's `reports/`;
+depend on the vocabulary; a preset none of whose reports is committed yet adds no columns. Every verdict names
+its instrument, the tasks its GLUE mean averages over: each preset's README column in its header ('`cpu_regime`
+(SST-2)', the task set most of its reports use), a cell measured on other tasks in the cell, each cell of the full
+table in its difference ('... on GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE'), with each task's verdict beside the GLUE
+one where a report recorded them; a record written before instruments were recorded is read for its claims' tasks.
+The report generator refreshes both whenever it writes one of those reports into the repository's `reports/`;
 `python -m electra_ablate.report.holds` rewrites them from the committed files, and `--check` only says whether
 they are current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
 still lists its claims, as not run, with the command that runs them.
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from electra_ablate.common.io import write_text
 from electra_ablate.common.portable import portable
+from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report import verdicts as vd
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.report.tables import table as markdown_table
@@ -63,33 +68,72 @@ class HoldsError(ValueError):
     """The README has no place for the table, or a record cannot be read."""
 
 
+def _numbers(d: mb.Difference | None) -> dict:
+    keys = ("estimate", "low", "high", "p_sign")
+    if d is None:
+        return dict.fromkeys(keys)
+    return dict(zip(keys, (round(x, 4) for x in (d.estimate, d.low, d.high, d.sign_probability))))
+
+
 def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
-           problems: Sequence[str] = ()) -> dict:
-    """What one report concluded, as data: its verdicts, each compared arm's pre-training per run (`scale`:
-    arms.numbers; None for an arm without pre-training) and how many jobs of its grid are missing or failed
-    (`problems`: the report's list; the table marks such a report incomplete)."""
+           problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = ()) -> dict:
+    """What one report concluded, as data: its verdicts (on the GLUE mean of each claim's `tasks`, and per task:
+    `per_task`, with each task's dev-set noise, ±1.96 sd of the difference over example-only resamples), each
+    compared arm's pre-training per run (`scale`: arms.numbers; None for an arm without pre-training), how many jobs
+    of its grid are missing or failed (`problems`: the report's list; the table marks such a report incomplete),
+    the instrument (`tasks`: what the report's GLUE scores average over) and the tasks skipped for want of local
+    data (`skipped`)."""
     claims = []
     for v in results:
         c, d = v.claim, v.difference
         arms = list(dict.fromkeys(c.better + c.worse))
+        per_task = {t: {**_numbers(tv.difference), "verdict": tv.verdict, "seeds": tv.seeds, "examples": tv.examples,
+                        "dev_noise": None if tv.difference is None or not tv.examples else
+                        round(mb.z_score() * tv.difference.sd_examples, 4)} for t, tv in v.per_task.items()}
         claims.append({
             "claim": c.text, "figure": c.figure, "paper": c.paper, "better": list(c.better), "worse": list(c.worse),
-            "tasks": list(v.tasks), "verdict": v.verdict, "resolve": v.resolve, "note": v.note,
-            "estimate": None if d is None else round(d.estimate, 4),
-            "low": None if d is None else round(d.low, 4),
-            "high": None if d is None else round(d.high, 4),
-            "p_sign": None if d is None else round(d.sign_probability, 4),
-            "groups": dict(v.groups), "runs": dict(v.runs),
+            "tasks": list(v.tasks), "verdict": v.verdict, "resolve": v.resolve, "note": v.note, **_numbers(d),
+            "groups": dict(v.groups), "runs": dict(v.runs), "per_task": per_task,
             "arms": [{"label": a, "pretraining": scale.get(a), "pretrained": vd.pretrained(spec.variant(a))}
                      for a in arms],
         })
     return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims,
-            "missing_or_failed": len(problems)}
+            "missing_or_failed": len(problems), "tasks": list(tasks), "skipped_tasks": list(skipped)}
 
 
 def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
-                 problems: Sequence[str] = ()) -> None:
-    write_text(path, portable(json.dumps(record(spec, results, scale, problems), indent=1, sort_keys=True)) + "\n")
+                 problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = ()) -> None:
+    text = json.dumps(record(spec, results, scale, problems, tasks, skipped), indent=1, sort_keys=True)
+    write_text(path, portable(text) + "\n")
+
+
+# --- instruments: the tasks a verdict's GLUE mean averages over ------------------------------------------------
+
+
+def _most_common(sets: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    """The most frequent of `sets` (the first seen among equals); () when empty."""
+    return max(dict.fromkeys(sets), key=sets.count) if sets else ()
+
+
+def record_tasks(r: Mapping) -> tuple[str, ...]:
+    """What a report's GLUE scores average over: its `tasks`, else (a record written before they were recorded)
+    the tasks most of its claims were measured on."""
+    if r.get("tasks"):
+        return tuple(r["tasks"])
+    return _most_common([tuple(c["tasks"]) for c in r["claims"] if c.get("tasks")])
+
+
+def preset_tasks(records: Sequence[Mapping]) -> tuple[str, ...]:
+    """A preset's instrument as its column header names it: the task set most of its committed reports use."""
+    return _most_common([t for t in (record_tasks(r) for r in records if r.get("report")) if t])
+
+
+def _instrument(tasks: Sequence[str]) -> str:
+    return vd.instrument(tasks) if tasks else "no runs yet"
+
+
+def _per_task_verdicts(c: Mapping) -> dict[str, str]:
+    return {t: pt["verdict"] for t, pt in (c.get("per_task") or {}).items()}
 
 
 def _command(name: str, scale: str | None) -> str:
@@ -154,16 +198,25 @@ def _seeds(c: Mapping) -> str:
 
 
 def _interval(c: Mapping) -> str:
+    """'+2.82 [+0.69, +5.24] on SST-2': every cell names what it was measured on."""
+    names = vd.instrument(c["tasks"]) if c.get("tasks") else ""
     if c.get("estimate") is None:
-        return "–"
-    names = ", ".join(vd.glue_task_names(c["tasks"]))
+        return f"– (on {names})" if names else "–"
     return f"{c['estimate']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}] on {names}"
 
 
 def _verdict(c: Mapping) -> str:
+    """The verdict on the GLUE mean, then each task's where there are several: '**unresolved at this scale**; per
+    task: **holds** on SST-2; unresolved on CoLA, RTE'."""
     if c["verdict"] in NOT_RUN:
         return c["verdict"]
-    return f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
+    out = f"**{c['verdict']}**" + (f" ({c['note']})" if c.get("note") else "")
+    by_verdict: dict[str, list[str]] = {}
+    for t, v in _per_task_verdicts(c).items():
+        by_verdict.setdefault(v, []).append(t)
+    parts = [(f"**{v}**" if v in vd.RESOLVED else v.replace(" at this scale", "")) + " on "
+             + ", ".join(vd.glue_task_names(ts)) for v, ts in by_verdict.items()]
+    return out + (f"; per task: {'; '.join(parts)}" if parts else "")
 
 
 def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str], list[str]]:
@@ -174,6 +227,10 @@ def _claim_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list[str
     pending, incomplete = [], []
     for r in records:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else NOT_COMMITTED
+        if r.get("skipped_tasks"):
+            incomplete.append(f"- [{r['report']}](reports/{r['report']}): "
+                              f"{', '.join(vd.glue_task_names(r['skipped_tasks']))} skipped (no local GLUE data): its "
+                              f"verdicts are on {_instrument(record_tasks(r))}")
         if r.get("missing_or_failed"):
             link += " (incomplete)"
             incomplete.append(f"- [{r['report']}](reports/{r['report']}): {r['missing_or_failed']} jobs of its grid "
@@ -200,7 +257,7 @@ def _sweep_label(r: Mapping) -> str:
 def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
     out = []
     if incomplete:
-        out += ["", "Incomplete reports (their verdicts use the runs that finished):", "", *incomplete]
+        out += ["", "Incomplete reports (their verdicts use the runs and tasks that finished):", "", *incomplete]
     if pending:
         out += ["", f"Not run yet (each resumes where it stopped; what each preset's sweeps cost is in {DETAIL_DOC}'s "
                 "section on that preset):", "", *pending]
@@ -217,21 +274,24 @@ def table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str
                 "runs (pre-training x fine-tuning seeds)", "report"]
         return markdown_table(head, list(rows.values())).splitlines() + _notes(pending, incomplete)
     second, pending2, incomplete2 = _claim_rows(other)
-    joined: dict[tuple, list] = {}
-    for (claim, better, worse, *_), cells in rows.items():
-        joined.setdefault((claim, better, worse), [cells, None])
-    for (claim, better, worse, *_), cells in second.items():
-        slot = joined.setdefault((claim, better, worse), [None, None])
-        if slot[1] is None:
-            slot[1] = cells
+    # Per claim, each preset's distinct results side by side: a claim two reports of one preset measured
+    # differently (other runs or other tasks) takes a row per result, never one silently for both.
+    joined: dict[tuple, tuple[list, list]] = {}
+    for i, preset in enumerate((rows, second)):
+        for (claim, better, worse, *_), cells in preset.items():
+            joined.setdefault((claim, better, worse), ([], []))[i].append(cells)
     out_rows = []
-    for first, then in joined.values():
-        base = first or then
-        pair = [c or [None, None, "not in its sweeps", "–", "–", "–", "–"] for c in (first, then)]
-        out_rows.append([base[0], base[1], pair[0][2], pair[0][3], pair[1][2], pair[1][3],
-                         f"{pair[0][4]}; {pair[1][4]}", f"{pair[0][5]}; {pair[1][5]}",
-                         ", ".join(link for link in (pair[0][6], pair[1][6]) if link not in ("–", NOT_COMMITTED))
-                         or NOT_COMMITTED])
+    for results in joined.values():
+        # a claim that one report of the preset ran and another not yet: the results alone
+        firsts, thens = ([c for c in cells if c[2] not in NOT_RUN] or cells[:1] for cells in results)
+        for k in range(max(len(firsts), len(thens))):
+            first, then = (cells[k] if k < len(cells) else None for cells in (firsts, thens))
+            base = first or then
+            pair = [c or [None, None, "not in its sweeps", "–", "–", "–", "–"] for c in (first, then)]
+            out_rows.append([base[0], base[1], pair[0][2], pair[0][3], pair[1][2], pair[1][3],
+                             f"{pair[0][4]}; {pair[1][4]}", f"{pair[0][5]}; {pair[1][5]}",
+                             ", ".join(link for link in (pair[0][6], pair[1][6]) if link not in ("–", NOT_COMMITTED))
+                             or NOT_COMMITTED])
     (p1, what1, _), (p2, what2, _) = PRESETS
     head = ["claim", "paper (GLUE)", f"verdict: `{p1}` ({what1})", "Δ points [95% interval]",
             f"verdict: `{p2}` ({what2})", "Δ points [95% interval]", f"pre-training per run ({p1}; {p2})",
@@ -245,38 +305,76 @@ def preset_records(report_dir: Path = REPO_ROOT / "reports") -> tuple[list[dict]
     return load_records(report_dir, first), load_records(report_dir, second)
 
 
-def _summary_rows(records: Sequence[Mapping]) -> tuple[dict[tuple, list], list | None, int]:
-    """One preset's README cells: (claim, better, worse) -> [verdict, interval, reports] (a claim on the same runs
-    once), and the sanity checks against random init folded into one [claim, verdict counts, spread, reports]."""
-    rows: dict[tuple, list] = {}
-    sanity: dict[tuple, tuple[str, float | None]] = {}  # (arm, estimate) -> (verdict, estimate)
+def _summary_rows(records: Sequence[Mapping], on: tuple[str, ...] = ()) -> tuple[dict[tuple, list], list | None, int]:
+    """One preset's README cells: (claim, better, worse) -> [verdict, interval, reports], and the sanity checks
+    against random init folded into one [claim, verdict counts, spread, reports]. `on`: the instrument the preset's
+    column header names; a result measured on other tasks names its own, and a claim that two reports measured
+    differently (other runs or other tasks) shows each result with its report, never one silently for both."""
+    results: dict[tuple, list[dict]] = {}
+    sanity: dict[tuple, tuple[str, float | None, tuple]] = {}  # (arm, tasks, estimate) -> (verdict, estimate, tasks)
     sanity_links: list[str] = []
     for r in records:
         link = f"[{r['report']}](reports/{r['report']})" if r.get("report") else ""  # pending: said under the table
         for c in r["claims"]:
+            tasks = tuple(c.get("tasks") or ())
             if c["claim"].startswith(SANITY):
                 if c["verdict"] not in NOT_RUN:  # else the note under the table names the sweep
-                    sanity[(tuple(c["better"]), c.get("estimate"))] = (c["verdict"], c.get("estimate"))
+                    sanity[(tuple(c["better"]), tasks, c.get("estimate"))] = (c["verdict"], c.get("estimate"), tasks)
                     sanity_links += [link] if link not in sanity_links else []
                 continue
-            key = (c["claim"], tuple(c["better"]), tuple(c["worse"]))
-            if key in rows:
-                if c.get("estimate") is not None and link not in rows[key][-1]:
-                    rows[key][-1] = ", ".join(x for x in (rows[key][-1], link) if x)
-                continue
-            interval = "–" if c.get("estimate") is None else \
-                f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
-            rows[key] = [c["verdict"] if c["verdict"] in NOT_RUN else f"**{c['verdict']}**", interval, link]
+            entries = results.setdefault((c["claim"], tuple(c["better"]), tuple(c["worse"])), [])
+            same = (tasks, c["verdict"], c.get("estimate"), c.get("low"), c.get("high"))
+            match = next((e for e in entries if e["same"] == same), None)
+            if match is None:
+                entries.append({"same": same, "claim": c, "links": [link] if link else []})
+            elif c.get("estimate") is not None and link and link not in match["links"]:
+                match["links"].append(link)
+    rows = {key: _summary_cells(entries, on) for key, entries in results.items()}
     if not sanity:
         return rows, None, 0
-    counts: dict[str, list[str]] = {}
-    for (better, _), (verdict, _) in sanity.items():
-        counts.setdefault(verdict, []).append("/".join(better))
-    said = "; ".join(f"**{v}** for {len(arms)}" + (f" ({', '.join(arms)})" if len(arms) <= 2 else "")
-                     for v, arms in sorted(counts.items(), key=lambda kv: len(kv[1])))
-    estimates = [e for _, e in sanity.values() if e is not None]
-    spread = f"{min(estimates):+.1f} to {max(estimates):+.1f}" if estimates else "–"
-    return rows, [said, spread, ", ".join(sanity_links)], len(sanity)
+    groups: dict[tuple, list[str]] = {}  # (tasks, verdict) -> arms
+    for (better, _, _), (verdict, _, tasks) in sanity.items():
+        groups.setdefault((tasks, verdict), []).append("/".join(better))
+    instruments = list(dict.fromkeys(tasks for tasks, _ in groups))
+    named = instruments != [on]  # another instrument than the header's, or several: each group names its own
+
+    def where(tasks: tuple) -> str:
+        return f" on {_instrument(tasks)}" if named else ""
+    said = "; ".join(f"**{v}** for {len(arms)}" + (f" ({', '.join(arms)})" if len(arms) <= 2 else "") + where(tasks)
+                     for (tasks, v), arms in sorted(groups.items(), key=lambda kv: len(kv[1])))
+    spreads = []
+    for tasks in instruments:
+        estimates = [e for _, e, t in sanity.values() if t == tasks and e is not None]
+        if estimates:
+            spreads.append(f"{min(estimates):+.1f} to {max(estimates):+.1f}" + where(tasks))
+    return rows, [said, "; ".join(spreads) or "–", ", ".join(sanity_links)], len(sanity)
+
+
+def _summary_cells(entries: Sequence[Mapping], on: tuple[str, ...]) -> list[str]:
+    """[verdict, interval, reports] of one claim under one preset from its distinct results (`entries`): those run,
+    else the first not run; each names its instrument where it is not the header's (`on`)."""
+    shown = [e for e in entries if e["claim"]["verdict"] not in NOT_RUN] or list(entries[:1])
+    verdicts, intervals = [], []
+    for e in shown:
+        c = e["claim"]
+        if c["verdict"] in NOT_RUN:
+            verdicts.append(c["verdict"])
+            intervals.append("–")
+            continue
+        split = vd.resolved_elsewhere(c["verdict"], _per_task_verdicts(c))
+        tasks = tuple(c.get("tasks") or ())
+        where = f" on {_instrument(tasks)}" if tasks and (tasks != on or len(shown) > 1) else ""
+        verdict = f"**{c['verdict']}**" + (f" ({split})" if split else "")
+        if c.get("estimate") is None:
+            verdicts.append(verdict + where)
+            intervals.append("–")
+        else:
+            verdicts.append(verdict)
+            intervals.append(f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]{where}")
+    if len(shown) > 1:  # say which report found which
+        verdicts = [f"{v} ({', '.join(e['links'])})" for v, e in zip(verdicts, shown)]
+    links = list(dict.fromkeys(link for e in shown for link in e["links"]))
+    return ["; ".join(verdicts), "; ".join(intervals), ", ".join(links)]
 
 
 def _sanity_claim(counts: Sequence[tuple[int, str | None]]) -> str:
@@ -288,14 +386,17 @@ def _sanity_claim(counts: Sequence[tuple[int, str | None]]) -> str:
 
 def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> list[str]:
     """The README's table: claim, verdict, difference and report, one row per claim; with `other` (the second
-    preset's records, at least one report committed), each claim's verdict and difference under both presets."""
-    first, sane, n = _summary_rows(records)
+    preset's records, at least one report committed), each claim's verdict and difference under both presets. Each
+    preset's header names its instrument (`preset_tasks`: 'SST-2', 'GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE')."""
+    on = preset_tasks(records)
+    first, sane, n = _summary_rows(records, on)
     if not any(r.get("report") for r in other):
         rows = [[key[0], *cells] for key, cells in first.items()]
         rows += [[_sanity_claim([(n, None)]), *sane]] if sane else []
-        return (markdown_table(["claim", "verdict", "Δ points [95% interval]", "report"], rows).splitlines()
-                + _pending_note(records))
-    second, sane2, n2 = _summary_rows(other)
+        head = ["claim", f"verdict ({_instrument(on)})" if on else "verdict", "Δ points [95% interval]", "report"]
+        return markdown_table(head, rows).splitlines() + _pending_note(records)
+    on2 = preset_tasks(other)
+    second, sane2, n2 = _summary_rows(other, on2)
     rows = []
     for key in dict.fromkeys([*first, *second]):
         a, b = first.get(key, ["not in its sweeps", "–", ""]), second.get(key, ["not in its sweeps", "–", ""])
@@ -305,7 +406,8 @@ def summary_table(records: Sequence[Mapping], other: Sequence[Mapping] = ()) -> 
         a, b = sane or ["–", "–", ""], sane2 or ["–", "–", ""]
         rows.append([_sanity_claim([(n, p1), (n2, p2)]), a[0], a[1], b[0], b[1],
                      ", ".join(x for x in (a[2], b[2]) if x)])
-    head = ["claim", f"`{p1}`", "Δ [95% interval]", f"`{p2}`", "Δ [95% interval]", "reports"]
+    head = ["claim", f"`{p1}`" + (f" ({_instrument(on)})" if on else ""), "Δ [95% interval]",
+            f"`{p2}`" + (f" ({_instrument(on2)})" if on2 else ""), "Δ [95% interval]", "reports"]
     return markdown_table(head, rows).splitlines() + _pending_note([*records, *other])
 
 

@@ -45,6 +45,8 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
     health = final_health(data, tasks)
     out += degenerate_warnings(data, health)
     out += ["## GLUE dev, median over fine-tuning seeds", ""]
+    if data.skipped:
+        out += [skipped_note(data), ""]
     if not tasks:
         out += ["No fine-tuning run of a final checkpoint has finished yet.", ""]
     else:
@@ -60,7 +62,9 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
         out += _learning_section(data, figures, paper)
     out += list(verdict_lines)
     out += ["## Failed and missing runs", ""]
-    out += [f"- {p}" for p in data.problems] if data.problems else ["None: every job of the grid finished."]
+    out += [f"- {skipped_note(data)}"] if data.skipped else []
+    out += [f"- {p}" for p in data.problems] if data.problems else [] if data.skipped else [
+        "None: every job of the grid finished."]
     out += ["", "## How this was produced", "", provenance, ""]
     return "\n".join(out)
 
@@ -156,6 +160,18 @@ def _glue_row(spec, v, summary: Summary, health: Mapping[str, Mapping[str, pr.Co
     cells.append("–" if n is None else f"{int(n.min())}–{int(n.max())}" if n.min() != n.max() else str(int(n.min())))
     cells.append(pr.cell(health[v.label]))
     return cells
+
+
+def skipped_note(data: SweepData) -> str:
+    """The one line on the sweep's tasks without local GLUE data (SweepData.skipped), naming each once."""
+    names = ", ".join(TASK_NAMES[t] for t in data.skipped)
+    ran = [t for t in data.ctx.spec.tasks if t not in data.skipped]
+    over = (f"every GLUE score here averages over {', '.join(TASK_NAMES[t] for t in ran)}" if ran else
+            "no task is left to fine-tune")
+    return (f"Skipped {names}: no local GLUE data under `{data.glue_dir}` (its train and dev TSVs), so "
+            f"{'it was' if len(data.skipped) == 1 else 'they were'} never fine-tuned and {over}; put the files there "
+            "(or use glue_data.source=hf) and run the sweep again to add "
+            f"{'it' if len(data.skipped) == 1 else 'them'}.")
 
 
 def short_glue(tasks: Sequence[str]) -> str:

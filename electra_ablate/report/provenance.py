@@ -92,7 +92,7 @@ def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wa
         wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
         lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
                      f"status {_status(r, running_sweep_run)}, "
-                     f"wall time {_duration(wall)}, git {r.get('tags.git_commit', '?')}")
+                     f"wall time {duration(wall)}, git {r.get('tags.git_commit', '?')}")
         for name, phase in _phases(r).items():
             what = f"{phase['jobs']} job(s), {phase['seconds']:.0f} s, exit code {phase['returncode']}" if phase["jobs"] else "nothing to launch"
             lines.append(f"  - {name}: {what}" + (f": `{phase['command']}`" if phase["command"] else ""))
@@ -127,10 +127,7 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
     jobs = jobs[jobs["run_id"].isin(grid)] if len(jobs) else jobs
     if len(jobs):
         commits = sorted(set(jobs.get("tags.git_commit", pd.Series(dtype=str)).dropna()))
-        running = jobs["status"] == "RUNNING"
-        ends = _times(jobs["end_time"]).where(~running, pd.Timestamp.now(tz="UTC"))  # a running one: so far
-        seconds = (ends - _times(jobs["start_time"])).dt.total_seconds()
-        seconds -= [_idle_seconds(client, r) for _, r in jobs.iterrows()]
+        seconds = run_seconds(jobs, client)
         hours = {k: seconds[g.index].sum() for k, g in jobs.groupby("tags.kind")}
         unfinished = jobs[jobs["status"] != "FINISHED"].groupby("tags.kind").size().to_dict()
 
@@ -140,7 +137,7 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
             return f"over {n} runs{left}"
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
                   "- Compute time of the runs in the tables (sum of run durations, less the time a resumed run lay "
-                  "dead between attempts): " + ", ".join(f"{k} {_duration(v)} {over(k)}" for k, v in hours.items())]
+                  "dead between attempts): " + ", ".join(f"{k} {duration(v)} {over(k)}" for k, v in hours.items())]
     vocabs = vocabularies(data)
     lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
     warning = vocabulary_warning(vocabs)
@@ -151,6 +148,15 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
               f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "
               "pre-training run)."]
     return "\n".join(lines)
+
+
+def run_seconds(jobs: pd.DataFrame, client=None) -> pd.Series:
+    """Each run's duration in seconds (rows of tracking.runs_frame): end less start, a running one's so far, less
+    the time a resumed run lay dead between attempts."""
+    running = jobs["status"] == "RUNNING"
+    ends = _times(jobs["end_time"]).where(~running, pd.Timestamp.now(tz="UTC"))
+    seconds = (ends - _times(jobs["start_time"])).dt.total_seconds()
+    return seconds - [_idle_seconds(client, r) for _, r in jobs.iterrows()]
 
 
 def _dashboard_link(data: SweepData) -> str:
@@ -193,7 +199,7 @@ def _when(ts) -> str:
     return stamp.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _duration(seconds) -> str:
+def duration(seconds) -> str:
     if is_missing(seconds):
         return "?"
     seconds = float(seconds)

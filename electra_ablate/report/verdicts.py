@@ -15,6 +15,10 @@ pre-trained on, so no difference is estimated. Otherwise a claim *holds* when th
 otherwise, with any arm's degenerate runs named beside it; for an unresolved claim the table says how many
 seeds the observed variance asks for (the seed part of the bootstrap variance shrinks as 1/seeds, the
 dev-example part does not: multibootstrap.seeds_to_resolve).
+
+The headline verdict is on the GLUE-k mean (the paper's score: the mean over the tasks run of each task's paper
+metric); a sweep of several tasks also gets each task's difference and verdict from the same bootstrap samples
+(`Verdict.per_task`), so that a reader sees which tasks separate the arms and which only add noise.
 """
 
 from __future__ import annotations
@@ -178,6 +182,16 @@ def collect_arms(spec, final: pd.DataFrame, client,
 # --- verdicts -----------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TaskVerdict:
+    """A claim on one task, from the samples of its GLUE verdict (multibootstrap.Bootstrap.tasks)."""
+
+    difference: mb.Difference | None  # None: an arm predicts one class in every run of the task
+    verdict: str
+    seeds: str  # how many seeds would resolve it, in short (`seeds_needed`)
+    examples: int  # dev examples compared (0: final scores only, examples not resampled)
+
+
 @dataclass
 class Verdict:
     claim: Claim
@@ -190,6 +204,7 @@ class Verdict:
     resolve: str
     health: dict[str, dict[str, pr.Count]] = field(default_factory=dict)  # arm -> task -> degenerate runs
     runs: dict[str, int] = field(default_factory=dict)  # arm -> fine-tuning runs compared (the fewest over tasks)
+    per_task: dict[str, TaskVerdict] = field(default_factory=dict)  # several tasks: each one's, in GLUE order
 
     @property
     def note(self) -> str:
@@ -226,6 +241,38 @@ def what_it_takes(d: mb.Difference, verdict: str, groups: Mapping[str, int], per
             f"(≈{k:.1f}x), if the estimate held")
 
 
+def seeds_needed(d: mb.Difference, verdict: str, groups: Mapping[str, int], per_group: float) -> str:
+    """`what_it_takes` in a table cell's words: '–' (resolved), '≈6 x 5' (pre-training x fine-tuning seeds per
+    arm), '≈12 fine-tuning seeds' (one pre-training seed), or 'none: dev noise ±1.9' (no number of seeds)."""
+    single = min(groups.values()) < 2
+    if verdict != "unresolved at this scale":
+        return "≥2 pre-training seeds" if single else "–"
+    k = mb.seeds_to_resolve(d)
+    if k is None:
+        return f"none: dev noise ±{mb.z_score() * d.sd_examples:.1f}"
+    if single:
+        return f"≈{math.ceil(k * per_group)} fine-tuning seeds, ≥2 pre-training seeds"
+    return f"≈{math.ceil(k * min(groups.values()))} x {per_group:.0f}"
+
+
+def _per_task(claim: Claim, boot: mb.Bootstrap, runs: Mapping, health: Mapping, tasks: Sequence[str]
+              ) -> dict[str, TaskVerdict]:
+    """Each task's difference and verdict for a claim, from the samples of its GLUE verdict."""
+    out = {}
+    for t in tasks:
+        labels = list(dict.fromkeys(claim.better + claim.worse))
+        n = boot.examples[t]
+        if any(health[v][t].all for v in labels):  # that arm scores the majority class on this task
+            out[t] = TaskVerdict(None, DEGENERATE, "–", n)
+            continue
+        d = mb.difference(mb.best_of([boot.tasks[t][v] for v in claim.better]),
+                          mb.best_of([boot.tasks[t][v] for v in claim.worse]))
+        per_group = float(np.median([len(runs[v][t]) / boot.groups[v] for v in labels]))
+        verdict = verdict_of(d)
+        out[t] = TaskVerdict(d, verdict, seeds_needed(d, verdict, boot.groups, per_group), n)
+    return out
+
+
 def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping | None = None,
              samples: int = mb.SAMPLES, seed: int = mb.SEED,
              predictions: Mapping[str, mb.RunPredictions | None] | None = None) -> list[Verdict]:
@@ -259,7 +306,8 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
         verdict = verdict_of(d)
         out.append(Verdict(claim, d, tuple(tasks), dict(boot.groups), per_group, complete, verdict,
                            what_it_takes(d, verdict, boot.groups, per_group), health,
-                           {v: min(len(runs[v][t]) for t in tasks) for v in labels}))
+                           {v: min(len(runs[v][t]) for t in tasks) for v in labels},
+                           _per_task(claim, boot, runs, health, tasks) if len(tasks) > 1 else {}))
     return out
 
 
@@ -274,11 +322,37 @@ def glue_task_names(tasks: Sequence[str]) -> list[str]:
     return [display[t] for t in glue.TASKS if t in tasks]
 
 
+def instrument(tasks: Sequence[str]) -> str:
+    """What a score was measured on: the task for one ('SST-2'), else its GLUE label ('GLUE-3: SST-2, MRPC, STS-B')."""
+    names = glue_task_names(tasks)
+    return names[0] if len(names) == 1 else glue_label(tasks)
+
+
+RESOLVED = ("holds", "reversed")
+
+
+def resolved_elsewhere(verdict: str, per_task: Mapping[str, str]) -> str:
+    """'holds on SST-2, MRPC; reversed on CoLA': the tasks (`per_task`: task -> verdict) on which a claim is
+    resolved otherwise than on its GLUE mean (`verdict`); '' when there are none."""
+    by_verdict: dict[str, list[str]] = {}
+    for t, v in per_task.items():
+        if v in RESOLVED and v != verdict:
+            by_verdict.setdefault(v, []).append(t)
+    return "; ".join(f"{v} on {', '.join(glue_task_names(ts))}" for v, ts in by_verdict.items())
+
+
 def render(results: Sequence[Verdict]) -> list[str]:
-    """The report's closing section: one row per claim."""
+    """The report's closing section: one row per claim on the GLUE mean (the headline), then, for a sweep of
+    several tasks, one row per claim and task."""
     out = ["## Verdicts on the paper's claims", ""]
     if not results:
         return out + ["This sweep runs no pair of variants that a claim in electra_ablate/claims.yaml compares.", ""]
+    several = [v for v in results if v.per_task]
+    if several:
+        label, _, names = glue_label(several[0].tasks).partition(": ")
+        out += [f"The headline is each claim's verdict on the {label} mean ({names}), the paper's kind of score: the "
+                "mean over tasks of each task's paper metric. The verdicts of each task alone follow under *Per task*.",
+                ""]
     out += ["Each claim's difference (better - worse, mean over runs x 100 on the tasks named) is a multi-bootstrap "
             f"estimate (Sellam et al. 2022; {mb.SAMPLES} samples, seed {mb.SEED}) resampling pre-training seeds, "
             "fine-tuning seeds and dev examples together (examples paired across arms); a set of variants counts "
@@ -304,6 +378,8 @@ def render(results: Sequence[Verdict]) -> list[str]:
         if not v.examples:
             covers.append("no predictions: examples not resampled, degenerate runs unknown")
         verdict = v.verdict + (f" ({'; '.join(covers)})" if covers else "") + (f"; {v.note}" if v.note else "")
+        split = resolved_elsewhere(v.verdict, {t: tv.verdict for t, tv in v.per_task.items()})
+        verdict += f"; per task: {split}" if split else ""
         rows.append([c.text, c.figure, c.paper or "–", glue_label(v.tasks),
                      f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]", f"{d.sign_probability:.2f}", verdict,
                      v.resolve])
@@ -315,5 +391,28 @@ def render(results: Sequence[Verdict]) -> list[str]:
     if notes:
         out += ["With one pre-training seed per arm the interval covers fine-tuning seeds and dev examples only: "
                 "a verdict then holds for these pre-trained models, not for the pre-training recipe.", ""]
-    return out
+    return out + (_per_task_section(several) if several else [])
+
+
+def _per_task_section(results: Sequence[Verdict]) -> list[str]:
+    """Each claim on each task alone, from the bootstrap samples of its GLUE verdict."""
+    out = ["### Per task", "",
+           "Each claim on each task alone, from the same bootstrap samples as its GLUE verdict (Δ in the task's paper "
+           "metric x 100: CoLA Matthews corr., STS-B Spearman, accuracy otherwise). *Seeds to resolve*: the "
+           "pre-training x fine-tuning seeds per arm at which the task's interval would exclude 0 if its estimate "
+           "held (as *what would resolve it* above); *none: dev noise ±x* where the dev examples alone spread the "
+           "difference by ±x (1.96 sd of the difference when only the task's dev examples are resampled), more than "
+           "the estimate, which no number of seeds changes; *degenerate* where an arm predicts one class in every "
+           "run of the task.", ""]
+    rows = []
+    for v in results:
+        for t, tv in v.per_task.items():
+            name = glue_task_names([t])[0]
+            if tv.difference is None:
+                rows.append([v.claim.text, name, "–", "–", "**degenerate**", tv.seeds])
+                continue
+            d = tv.difference
+            rows.append([v.claim.text, name, f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]",
+                         f"{d.sign_probability:.2f}", tv.verdict, tv.seeds])
+    return out + [table(["claim", "task", "Δ [95% CI]", "P(sign)", "verdict", "seeds to resolve"], rows), ""]
 

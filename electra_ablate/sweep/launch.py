@@ -6,21 +6,19 @@ the child process that runs it, in a process group of its own that the runner en
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from electra_ablate.common import stops
 from electra_ablate.sweep.compose import SweepContext, fresh_hydra, quote
 from electra_ablate.sweep.progress import PhaseConsole, pythonpath_env
 from electra_ablate.sweep.spec import CONF_DIR, REPO_ROOT, SweepError
@@ -56,53 +54,9 @@ def shell_join(args: Sequence[str]) -> str:
 STOP_GRACE_S = 60.0
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (a scheduler, `kill`) raises KeyboardInterrupt in the main thread, as Ctrl-C does, so the runner
-    stops its multirun and ends its record KILLED instead of dying on the spot."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _group(pgid: int) -> dict[int, tuple[int, str]]:
     """The live processes of process group `pgid`: pid -> (parent pid, command line)."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...: after the "(name)" field
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            out[int(entry.name)] = (int(fields[1]), cmdline.decode(errors="replace"))
-    return out
-
-
-def _job_hosts(members: dict[int, tuple[int, str]]) -> list[int]:
-    """The processes that run jobs: the multirun itself and what it started with a command line of its own
-    (joblib's loky workers, submitit's jobs), not the copies a job forks (DataLoader workers), which end with it:
-    a worker killed under a running job would fail its run instead of stopping it."""
-    return [pid for pid, (ppid, cmdline) in members.items()
-            if ppid not in members or members[ppid][1] != cmdline]
-
-
-def _signal(pids, sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+    return {pid: (ppid, cmdline) for pid, (ppid, pgrp, cmdline) in stops.processes().items() if pgrp == pgid}
 
 
 def stop_multirun(proc: subprocess.Popen, grace_s: float | None = None) -> None:
@@ -120,7 +74,7 @@ def stop_multirun(proc: subprocess.Popen, grace_s: float | None = None) -> None:
             if not members:
                 break
             if time.monotonic() >= next_term:
-                _signal(_job_hosts(members), signal.SIGTERM)
+                stops.send(stops.job_hosts(members), signal.SIGTERM)
                 next_term = time.monotonic() + 5.0
             time.sleep(0.2)
     except KeyboardInterrupt:
@@ -129,7 +83,7 @@ def stop_multirun(proc: subprocess.Popen, grace_s: float | None = None) -> None:
         members = _group(pgid)
         if not members:
             break
-        _signal(members, signal.SIGKILL)
+        stops.send(members, signal.SIGKILL)
         time.sleep(0.1)
     if proc.poll() is None:
         proc.kill()
@@ -150,7 +104,7 @@ def launch(cmd: Sequence[str], dry_run: bool, watch: PhaseConsole | None = None)
     proc = subprocess.Popen(list(cmd), start_new_session=True, **(watch.popen_kwargs(env) if watch else {"env": env}))
     if watch:
         watch.start(proc)
-    with sigterm_as_interrupt():
+    with stops.handled():  # SIGTERM stops the runner as Ctrl-C does (common/stops.py)
         try:
             returncode = proc.wait()
         except BaseException:

@@ -154,7 +154,8 @@ def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dic
                 for seed in ctx.spec.seeds:
                     cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={c.config_name}", f"task={task}",
                                                 f"seed={seed}"])
-                    (_, task_cfg), = finetuning.selected_tasks(cfg)
+                    (spec, task_cfg), = finetuning.selected_tasks(cfg)
+                    cfg, task_cfg = finetuning.for_task(cfg, spec.name, task_cfg)  # the task's per_task settings
                     ident = finetuning.run_identity(cfg, task_cfg, normalise_spec(cfg.pretrained))
                     out[(c.config_name, task, seed)] = tracking.identity_hashes(ident)
     return out

@@ -38,11 +38,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from electra_ablate.common import cli, console
+from electra_ablate.common import cli, console, stops
+from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep import cost
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
-from electra_ablate.sweep.launch import (check_launcher, launch, launcher_overrides, multirun_command, shell_join,
-                                         sigterm_as_interrupt)
+from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
 from electra_ablate.sweep.progress import PhaseConsole
 from electra_ablate.sweep.provenance import environment, process, process_gone
@@ -122,8 +122,9 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     if available is not None:
         absent = sorted({t for _, t, _ in todo} - set(available))
         if absent:
-            log.warning("no local GLUE data for %s: those jobs are not launched (listed missing in the report); "
-                        "glue_data.source=hf reads them from the Hugging Face hub", absent)
+            log.warning("no local GLUE data for %s: its fine-tuning jobs are not launched, and the report averages "
+                        "its GLUE score over the other tasks, naming the skipped ones once (glue_data.source=hf reads "
+                        "them from the Hugging Face hub)", ", ".join(glue.get_task(t).dir_name for t in absent))
             todo = [j for j in todo if j[1] in available]
     result = PhaseResult("finetune", jobs=len(todo), planned=todo)
     if not todo:
@@ -192,12 +193,15 @@ def run_sweep(
     results: list[PhaseResult] = []
     report_path = None
     tic = time.perf_counter()
-    with sigterm_as_interrupt():  # SIGTERM stops the sweep as Ctrl-C does: its record ends KILLED
+    phase = "pretrain"
+    with stops.handled():  # SIGTERM stops the sweep as Ctrl-C does: its record ends KILLED (common/stops.py)
         try:
             if "pretrain" in phases:
                 results.append(run_pretrain_phase(ctx, client, launcher, dry_run))
+            phase = "finetune"
             if "finetune" in phases:
                 results.append(run_finetune_phase(ctx, client, launcher, dry_run))
+            phase = "report"
             if record is not None:
                 record.set_tags({f"phase.{r.name}": json.dumps({"jobs": r.jobs, "returncode": r.returncode,
                                                                 "seconds": round(r.seconds, 1),
@@ -209,10 +213,17 @@ def run_sweep(
                                            running_wall_time=time.perf_counter() - tic)
         except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
             if record is not None:
-                for run_id in retire_interrupted(client, ctx):
+                retired = retire_interrupted(client, ctx)
+                for run_id in retired:
                     log.info("run %s was stopped before it could end itself: marked KILLED (resumed by the next run "
                              "of the sweep)", run_id)
-                record.finish(*tracking.end_status(error))
+                status, reason = tracking.end_status(error)
+                record.finish(status, reason)
+                if status == "KILLED" and stops.received() is not None:
+                    stops.report(f"sweep {ctx.spec.name} (scale {ctx.spec.scale_name}) in its {phase} phase (MLflow "
+                                 f"run {record.run_id}) is recorded KILLED, with the runs it was running; the same "
+                                 "command resumes it: finished work is skipped, stopped pre-training resumes from "
+                                 "its checkpoints")
             raise
     result = SweepResult(results, report_path, dry_run_cost(ctx, client, results) if dry_run else None)
     if record is not None:
@@ -298,8 +309,10 @@ def main(cfg: DictConfig) -> str | None:
     return str(result.report) if result.report else None
 
 
+@cli.one_line_errors
 def cli_main() -> None:
-    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts (cli.py)."""
+    """Console entry: a misspelt key stops here with the keys it may mean, before Hydra starts; a stop ends the
+    command with one line and its exit status (cli.py)."""
     console.take_verbose_flag()
     cli.check_args("sweep")
     main()

@@ -21,6 +21,7 @@ import pandas as pd
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from electra_ablate.common import stops
 from electra_ablate.tracking import store
 from electra_ablate.tracking.identity import (  # noqa: F401  (the run identity, re-exported where runs are found)
     DATA_DIR_SPELLING,
@@ -123,6 +124,16 @@ def setup(tracking_uri: str | None, experiment: str) -> MlflowClient:
     return client
 
 
+def existing_client(tracking_uri: str | None, experiment: str) -> MlflowClient | None:
+    """`setup`'s client when the store exists already (a tracking server's always does), else None: nothing is
+    recorded there yet, and a SQLite store is not created only to find that out (a refused command leaves none)."""
+    uri = tracking_uri or default_tracking_uri()
+    path = store.sqlite_path(uri)
+    if path is None:
+        return setup(uri, experiment)  # a server that does not answer stops the command here, in one line
+    return store.open_client(uri) if path.is_file() else None
+
+
 def _search_hashes(client: MlflowClient, experiment: str, cfg_hash: str | Sequence[str], also: str = "",
                    max_results: int = 1000) -> list:
     """Runs tagged with any of the hashes (newest first); `also`: a filter every run must pass too. One search
@@ -192,6 +203,7 @@ class RunLogger:
         self._buffer: list[Metric] = []
         self.logged_through = dict(logged_through or {})  # metric -> newest step already in the store
         self._unavailable: TrackingUnavailable | None = None  # set once the tracking server stopped answering
+        self.finished = False  # its end (status) is written
 
     @classmethod
     def start(
@@ -280,13 +292,23 @@ class RunLogger:
         self._end(status, reason)
 
     def _end(self, status: str, reason: str | None) -> None:
-        if reason:
-            self.set_tags({TAG_END_REASON: reason[:5000]})
-        self.client.set_terminated(self.run_id, status=status)
+        with stops.deferred():  # a stop arriving now waits until the status is written
+            if reason:
+                self.set_tags({TAG_END_REASON: reason[:5000]})
+            self.client.set_terminated(self.run_id, status=status)
+            self.finished = True
 
 
 def end_status(error: BaseException) -> tuple[str, str]:
-    """(MLflow status, reason) for a run stopped by `error`: a signal or Ctrl-C is KILLED, the rest FAILED."""
+    """(MLflow status, reason) for a run stopped by `error`: a signal or Ctrl-C is KILLED, and so is any error
+    after a stop signal (a DataLoader worker the same SIGTERM ended first); the rest FAILED."""
+    signum = stops.received()
+    if signum is not None:
+        cause = error.__cause__ if isinstance(error, stops.Stopped) else error
+        if cause is None or isinstance(cause, (KeyboardInterrupt, SystemExit)):
+            return "KILLED", f"stopped by {stops.name(signum)}"
+        first = (str(cause).strip().splitlines() or [""])[0]
+        return "KILLED", f"stopped by {stops.name(signum)} (then {type(cause).__name__}: {first})"
     if isinstance(error, (KeyboardInterrupt, SystemExit)):
         return "KILLED", f"stopped by {type(error).__name__} (SIGINT/SIGTERM): {error}".rstrip(": ")
     return "FAILED", f"{type(error).__name__}: {error}"

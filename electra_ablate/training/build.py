@@ -13,8 +13,9 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.plugins import TorchCheckpointIO
 
-from electra_ablate.common import precision
+from electra_ablate.common import io, precision
 from electra_ablate.common.tokens import SpecialIds
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models import fast
@@ -122,9 +123,21 @@ def count_flops(cfg: DictConfig, system_: pl.LightningModule, model, generator, 
     return global_batch
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint written to a temporary file beside it and renamed over it (common/io.py): a process
+    killed while it writes (a scheduler's SIGKILL after its grace period) leaves the previous checkpoint whole.
+    Lightning's own writer stages the file in the system's temporary folder, from which it is copied, not
+    renamed, when that folder is on another file system."""
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        with io.atomic_file(path) as tmp:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+
+
 def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback]) -> pl.Trainer:
     """The Lightning Trainer: the `trainer` group's placement and steps, checkpoints every
-    trainer.checkpoint_every_n_steps under `store`, no Lightning logger (metrics go to MLflow in batches)."""
+    trainer.checkpoint_every_n_steps under `store` (written whole or not at all), no Lightning logger (metrics go to
+    MLflow in batches)."""
     return pl.Trainer(
         max_steps=cfg.trainer.max_steps,
         accelerator=cfg.trainer.accelerator,
@@ -147,6 +160,7 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         ],
         num_sanity_val_steps=0,
         limit_val_batches=0,
+        plugins=[AtomicCheckpointIO()],
     )
 
 

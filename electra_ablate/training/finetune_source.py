@@ -91,7 +91,7 @@ def checkpoint_of_run(client, run_id: str, step: int | None) -> Path:
 
 
 def run_tags(client, run_id: str | None) -> dict[str, str]:
-    if run_id is None:
+    if run_id is None or client is None:
         return {}
     try:
         return dict(client.get_run(run_id).data.tags)
@@ -199,6 +199,10 @@ def resolve_pretrained(cfg: DictConfig, client) -> Pretrained:
         net, info, vocab_file = import_pretrained(spec[len("hf:"):], cache_dir=Path(cfg.paths.cache_dir) / "hf")
         return from_network(spec, net, info, vocab_file, cfg, client)
     if RUN_ID.match(spec):
+        if client is None:
+            store = cfg.logger.tracking_uri or tracking.default_tracking_uri()
+            raise FinetuneError(f"pretrained={spec}: there is no MLflow store at {store} yet, so no such run; set "
+                                "logger.tracking_uri / MLFLOW_TRACKING_URI to the store of the pre-training run")
         directory = checkpoint_of_run(client, spec, step)
         net, info = load_pretrained(directory)
         return from_network(spec, net, info, directory / "vocab.txt", cfg, client, run_id=spec)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 import pytorch_lightning as pl
 import torch
 
-from electra_ablate.common import console, io
+from electra_ablate.common import console, io, stops
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.tokenizer import load_tokenizer
 from electra_ablate.glue import submit
@@ -35,67 +36,10 @@ from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
                                                      resolve_pretrained)
+from electra_ablate.training.finetune_tasks import for_task, load_task_data, run_identity, selected_tasks
 from electra_ablate.training.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
-
-# Config keys that only say where data lives or how fast it goes: left out of the run identity along with
-# tracking.IDENTITY_EXCLUDE (paths, logger, runtime, hydra, sweep).
-DATA_IDENTITY_EXCLUDE = ("source", "dir", "hf_path", "vocab_file", "eval_batch_size", "predict_test")
-
-
-# --- tasks and data --------------------------------------------------------------------------------------
-
-
-def selected_tasks(cfg: DictConfig) -> list[tuple[glue.TaskSpec, DictConfig]]:
-    """(spec, task config) for every task to run: one, or task=glue's members whose data is available."""
-    if "members" not in cfg.task:
-        return [(glue.get_task(cfg.task.name), cfg.task)]
-    members = [(glue.get_task(name), member) for name, member in cfg.task.members.items()]
-    if cfg.glue_data.source != "tsv":
-        return members
-    available = set(glue.available_tasks(cfg.glue_data.dir))
-    missing = [t.name for t, _ in members if t.name not in available]
-    chosen = [(t, m) for t, m in members if t.name in available]
-    if not chosen:
-        raise glue.GlueDataError(
-            f"task=glue: no GLUE task has its train and dev files under glue_data.dir={cfg.glue_data.dir} "
-            "(original GLUE layout: CoLA/train.tsv, ...); point glue_data.dir at a GLUE download or use "
-            "glue_data.source=hf"
-        )
-    if missing:
-        log.warning("task=glue: data not found under %s for %s; running %s", cfg.glue_data.dir, ", ".join(missing),
-                 ", ".join(t.name for t, _ in chosen))
-    return chosen
-
-
-def load_task_data(cfg: DictConfig, task: glue.TaskSpec) -> dict[str, list[glue.Example]]:
-    """Every split of a task, checked (layout, labels), subset and doubled as configured."""
-    d = cfg.glue_data
-    data = {s: load_split(task, s, d.source, d.dir, d.hf_path) for s in task.splits}
-    for split, limit in [("train", d.max_train_examples)] + [(s.name, d.max_eval_examples) for s in task.dev_splits]:
-        if limit is not None:
-            data[split] = data[split][: int(limit)]
-        if not data[split]:
-            raise glue.GlueDataError(f"task {task.name}: split {split} has no examples")
-    if task.unordered and d.double_unordered:
-        data["train"] = double_unordered(data["train"])
-    return data
-
-
-def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
-    """What makes two fine-tuning runs the same run (hashed into the config_hash tag)."""
-    ident = tracking.identity(cfg)
-    ident.pop("run_name", None)
-    ident["task"] = OmegaConf.to_container(task_cfg, resolve=True)  # a glue member hashes like task=<name>
-    ident["glue_data"] = {k: v for k, v in ident["glue_data"].items() if k not in DATA_IDENTITY_EXCLUDE}
-    ident["pretrained"] = spec
-    if not ident.get("random_init"):
-        ident.pop("random_init", None)  # the default leaves identities from before the option unchanged
-    if spec != "none":
-        ident.pop("model", None)  # the checkpoint decides the size
-    return ident
-
 
 # --- runtime (speed-only settings) ------------------------------------------------------------------------
 
@@ -206,7 +150,12 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
             run.log_artifact(submit.write_test_predictions(out, task, test, test_preds), "predictions")
         run.finish("FINISHED")
     except BaseException as error:
-        run.finish(*tracking.end_status(error))
+        status, reason = tracking.end_status(error)
+        run.finish(status, reason)
+        if status == "KILLED" and stops.received() is not None:
+            at = f" at step {error.step}" if getattr(error, "step", None) is not None else ""
+            stops.report(f"fine-tuning {task.name} seed={cfg.seed} of {pretrained.spec}{at} (MLflow run {run.run_id})"
+                         " is recorded KILLED; it keeps no checkpoint: the same command runs it again from step 0")
         raise
     key = task.paper_metric
     # The run's outcome, on the console too (common/console.py).
@@ -310,9 +259,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         default_root_dir=cfg.paths.output_dir,
         callbacks=[Heartbeat()],  # the step a sweep's console shows; nothing else
     )
-    trainer.fit(system, datamodule)
-    if trainer.interrupted:  # Lightning swallows Ctrl-C: nothing here may look like success
-        raise KeyboardInterrupt(f"{task.name}: fine-tuning interrupted")
+    stops.fit(trainer, system, datamodule)  # a stop (Ctrl-C, SIGTERM) ends it after the current step: Stopped
     if system.global_step == 0:  # never a FINISHED run that did not train
         raise FinetuneError(f"{task.name}: fine-tuning took no training step (task.epochs={task_cfg.epochs}, "
                             f"trainer.max_steps={cfg.trainer.max_steps}, {len(features['train'])} training examples)")
@@ -343,16 +290,21 @@ def run(cfg: DictConfig) -> float:
     """Fine-tune every selected task; returns its final score (x100), or the GLUE score for task=glue
     (over the tasks that finished; NaN when none did and sweep.keep_going let a failure pass)."""
     validate(cfg)
-    tasks = selected_tasks(cfg)
-    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    tasks = [(task, *for_task(cfg, task.name, task_cfg)) for task, task_cfg in selected_tasks(cfg)]
+    for _, task_run_cfg, _ in tasks:
+        validate(task_run_cfg)
+    # Finished runs are looked up in the store if there is one; it is created only once the work can start, so
+    # a refused command (missing data, a checkpoint that does not fit) leaves no store behind.
+    client = tracking.existing_client(cfg.logger.tracking_uri, cfg.logger.experiment)
     spec = normalise_spec(cfg.pretrained)
     scores: dict[str, float] = {}
     todo = []
-    for task, task_cfg in tasks:
-        ident = run_identity(cfg, task_cfg, spec)
+    for task, task_run_cfg, task_cfg in tasks:
+        ident = run_identity(task_run_cfg, task_cfg, spec)
         cfg_hash = tracking.config_hash(ident)
-        done = tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
-        if done is not None and cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
+        done = (tracking.find_finished_run(client, cfg.logger.experiment, tracking.identity_hashes(ident))
+                if client is not None else None)
+        if done is not None and task_run_cfg.glue_data.predict_test and not submit.has_test_predictions(client, done):
             print(f"{task.name} seed={cfg.seed}: FINISHED run {done.info.run_id} kept no test predictions; "
                   "running it again with glue_data.predict_test=true")
             done = None
@@ -361,18 +313,21 @@ def run(cfg: DictConfig) -> float:
             print(f"{task.name} seed={cfg.seed}: already done in FINISHED run {done.info.run_id} "
                   f"(config_hash {cfg_hash}, final/score {scores[task.name]:.2f}); skipping")
             continue
-        test = (submit.load_test_splits(task, cfg.glue_data.source, cfg.glue_data.dir, cfg.glue_data.hf_path)
-                if cfg.glue_data.predict_test else None)
-        todo.append((task, task_cfg, load_task_data(cfg, task), ident, cfg_hash, test))  # checked before any run
+        d = task_run_cfg.glue_data
+        test = submit.load_test_splits(task, d.source, d.dir, d.hf_path) if d.predict_test else None
+        # checked before any run
+        todo.append((task_run_cfg, task, task_cfg, load_task_data(task_run_cfg, task), ident, cfg_hash, test))
     if todo:
         pretrained = resolve_pretrained(cfg, client)
         tokenizer = load_tokenizer(pretrained.vocab_file, lowercase(cfg, pretrained))
-        check_compatible(cfg, pretrained, tokenizer)
+        for task_run_cfg, *_ in todo:
+            check_compatible(task_run_cfg, pretrained, tokenizer)
+        client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
         busy: list[RunBusyError] = []
-        for task, task_cfg, data, ident, cfg_hash, test in todo:
+        for task_run_cfg, task, task_cfg, data, ident, cfg_hash, test in todo:
             try:
                 scores[task.name] = train_task(
-                    cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
+                    task_run_cfg, task, task_cfg, data, pretrained, tokenizer, client, ident, cfg_hash, test
                 )
             except RunBusyError as error:  # not run at all: keep_going goes on, but the job does not succeed
                 if not cfg.sweep.keep_going:
@@ -380,7 +335,7 @@ def run(cfg: DictConfig) -> float:
                 log.error("%s", error)
                 busy.append(error)
             except Exception:
-                if not cfg.sweep.keep_going:
+                if not cfg.sweep.keep_going or stops.received() is not None:
                     raise
                 log.exception("%s seed=%s failed: its run is marked FAILED; going on (sweep.keep_going=true)",
                               task.name, cfg.seed)

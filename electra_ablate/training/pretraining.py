@@ -18,7 +18,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from electra_ablate.common import io
+from electra_ablate.common import io, stops
 from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
@@ -94,10 +94,13 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
         # shard of every global batch; the first process alone holds the lock, the MLflow run and the outputs.
         _replica(cfg, store, callbacks)
         return None
+    build.seeded(cfg)
+    dm = build.data_module(cfg)
+    dm.prepare()  # builds or loads the token cache; bad data is refused here, before the store, the lock or a run
     client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
     # One process per identity: a second one would write the same checkpoints and the same MLflow run.
     with IdentityLock(store / "run.lock", f"pre-training {cfg.run_name} (config {cfg_hash}, outputs {store})"):
-        return _train(cfg, client, cfg_hash, store, callbacks)
+        return _train(cfg, client, cfg_hash, store, dm, callbacks)
 
 
 def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) -> None:
@@ -107,7 +110,9 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     _, _, system = build.trained_system(cfg, dm)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
     last_ckpt = store / "checkpoints" / "last.ckpt"
-    trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None)
+    # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
+    stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None,
+              on_stop=lambda t: t.save_checkpoint(last_ckpt))
 
 
 def missing_outputs(run) -> list[str]:
@@ -125,7 +130,8 @@ def is_complete(path: str | Path) -> bool:
     return all((Path(path) / f).is_file() for f in (CONFIG_NAME, MODEL_NAME))
 
 
-def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[pl.Callback] | None) -> str | None:
+def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainDataModule,
+           callbacks: list[pl.Callback] | None) -> str | None:
     runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
@@ -140,10 +146,6 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     previous = done if done is not None else (runs[0] if runs else None)
 
     last_ckpt = store / "checkpoints" / "last.ckpt"
-    build.seeded(cfg)
-
-    dm = build.data_module(cfg)
-    dm.prepare()  # builds or loads the token cache; bad data fails here, before any network exists
     sharing = build.sharing_mode(cfg)
     model, generator, system = build.trained_system(cfg, dm, sharing)
 
@@ -155,28 +157,56 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, callbacks: list[
     budget = _corpus_budget(cfg, dm, trainer)
 
     resume = previous is not None and last_ckpt.is_file()
-    run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget)
-    tracking.retire_stale(client, runs, keep=run.run_id)
-    system.metrics_sink = run.log_metrics
-    system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
-    system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
+    with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
+        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget)
     try:
-        trainer.fit(system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None)
-        if trainer.interrupted:
-            raise KeyboardInterrupt("pre-training was interrupted")
-        final = exports.save(trainer.global_step, "final")
-        run.log_metrics({"flops/total": system.flops_at(trainer.global_step)}, trainer.global_step)
-        run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
-        run.finish("FINISHED")
+        tracking.retire_stale(client, runs, keep=run.run_id)
+        system.metrics_sink = run.log_metrics
+        system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
+        system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
+        # A stop (Ctrl-C, SIGTERM) ends training after the current step and saves the checkpoint of that step.
+        stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None,
+                  on_stop=lambda t: t.save_checkpoint(last_ckpt))
+        with stops.deferred(raise_after=False):  # the final export and the run's end are written whole
+            final = exports.save(trainer.global_step, "final")
+            run.log_metrics({"flops/total": system.flops_at(trainer.global_step)}, trainer.global_step)
+            run.set_tags({tracking.TAG_CHECKPOINT: str(final)})
+            run.finish("FINISHED")
     except BaseException as error:
+        if run.finished:
+            raise
         status, reason = tracking.end_status(error)
         run.finish(status, reason)
-        if cfg.sweep.keep_going and isinstance(error, Exception):
+        if status == "KILLED" and stops.received() is not None:
+            stops.report(_stopped(cfg, run.run_id, error, last_ckpt))
+        if cfg.sweep.keep_going and isinstance(error, Exception) and status != "KILLED":
             log.exception("pre-training failed; run %s marked %s, going on (sweep.keep_going=true)", run.run_id, status)
             return None
         raise
     log.info("pre-trained %s -> %s (MLflow run %s)", cfg.run_name, final, run.run_id)
     return run.run_id
+
+
+def _stopped(cfg: DictConfig, run_id: str, error: BaseException, last_ckpt: Path) -> str:
+    """The stop's line: the run, the step it stopped after, where it resumes from."""
+    step = getattr(error, "step", None)
+    at = f" at step {step} of {cfg.trainer.max_steps}" if step is not None else ""
+    saved = _checkpoint_step(last_ckpt)
+    resume = (f"its checkpoint at step {saved} is saved: the same command resumes from it" if saved is not None
+              else "no checkpoint was saved yet: the same command starts it again from step 0 in the same run")
+    return f"pre-training {cfg.run_name}{at} (MLflow run {run_id}) is recorded KILLED; {resume}"
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    """The global step of a Lightning checkpoint, or None when there is none."""
+    if not path.is_file():
+        return None
+    import torch
+
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
+    except Exception:  # noqa: BLE001 - unreadable: no step to name
+        return None
 
 
 class Exports:

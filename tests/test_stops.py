@@ -1,0 +1,555 @@
+"""A stop is never a success, and a refusal touches nothing (docs/reliability.md, "Exit codes").
+
+Stops: Ctrl-C (SIGINT) or SIGTERM (a scheduler's time limit or preemption, `kill`) ends every entry point with one
+`stopped by <signal>: ...` line on stderr and exit status 130 or 143; what was running is recorded KILLED and the
+same command resumes it. Pre-training stops after the current step and saves that step's checkpoint first, also
+when the signal comes while a checkpoint is being written. Refusals: every documented refusal (tests/
+test_bad_input.py's tables, `finetune task=qnli` without QNLI data) leaves the outputs folder (ELECTRA_ABLATE_HOME)
+exactly as it was, an absent one absent.
+
+The default run signals this process itself (in-process entry points, fast); the slow ones (`-m slow`) stop the
+real commands in subprocesses, multiruns (basic, joblib and submitit_local launchers) included, and re-run them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+from mlflow.tracking import MlflowClient
+
+from electra_ablate.common import cli, stops
+from electra_ablate.tracking import runs as tracking
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stop_state():
+    stops.reset()
+    yield
+    stops.reset()
+
+
+# --- the handler -----------------------------------------------------------------------------------------------
+
+
+def test_the_first_sigterm_raises_a_later_one_does_not_and_a_deferred_one_waits_for_its_block():
+    with stops.handled():
+        with pytest.raises(stops.Stopped) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises at the next bytecode
+        assert stopped.value.signum == signal.SIGTERM and stops.received() == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # the process is stopping already: nothing more happens
+        time.sleep(0.01)
+    stops.reset()
+    with stops.handled():
+        written = []
+        with pytest.raises(stops.Stopped):
+            with stops.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+                written.append("whole")  # the block is not cut short
+        assert written == ["whole"]
+    stops.reset()
+    with stops.handled():
+        with stops.deferred(raise_after=False):  # the work it finished stands
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)
+        assert stops.received() == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is not stops._handle  # the previous handler is back
+
+
+def test_a_signal_ignored_at_start_stays_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a script's background job
+    try:
+        with stops.handled():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is stops._handle
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_an_entry_point_ends_a_stop_with_one_line_and_the_signals_status(capsys, monkeypatch, sig, status):
+    monkeypatch.setattr(sys, "argv", ["work"])
+
+    @cli.one_line_errors
+    def work():
+        stops.report("the work X at step 3 (MLflow run abc) is recorded KILLED; the same command resumes it")
+        os.kill(os.getpid(), sig)
+        time.sleep(5)
+
+    with pytest.raises(SystemExit) as ended:
+        work()
+    assert ended.value.code == status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stopped by {sig.name}: the work X at step 3 (MLflow run abc) is recorded KILLED; the same "
+                   "command resumes it"]
+
+
+def test_an_error_after_a_stop_is_the_stops_one_line_not_a_traceback(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["work"])
+
+    # A SIGTERM to the whole process group ends a DataLoader worker first; the main process then fails on it.
+    @cli.one_line_errors
+    def work():
+        with stops.handled():
+            with stops._graceful(stops.SIGNALS):  # inside training: only recorded
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+            raise RuntimeError("DataLoader worker (pid(s) 1234) exited unexpectedly")
+
+    with pytest.raises(SystemExit) as ended:
+        work()
+    assert ended.value.code == 143
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("stopped by SIGTERM: ")
+    status, reason = tracking.end_status(RuntimeError("DataLoader worker (pid 1234) is killed by signal: Terminated."))
+    assert status == "KILLED" and reason.startswith("stopped by SIGTERM (then RuntimeError: DataLoader worker")
+
+
+# --- pre-training: stopped after a step, its checkpoint saved, resumed ---------------------------------------
+
+
+class SignalAt(pl.Callback):
+    """Sends `sig` to this process at `step`: after the step, or, with `in_checkpoint`, while the checkpoint of
+    that step is being written."""
+
+    def __init__(self, step: int, sig: int = signal.SIGTERM, in_checkpoint: bool = False):
+        self.step, self.sig, self.in_checkpoint = step, sig, in_checkpoint
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and not self.in_checkpoint:
+            os.kill(os.getpid(), self.sig)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if trainer.global_step == self.step and self.in_checkpoint:
+            os.kill(os.getpid(), self.sig)
+            time.sleep(0.05)  # the handler has run: the write goes on
+
+
+@pytest.mark.parametrize("sig, in_checkpoint", [(signal.SIGTERM, True), (signal.SIGINT, False)],
+                         ids=["SIGTERM-while-writing-a-checkpoint", "SIGINT-after-a-step"])
+def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(tmp_path, pretrain_cfg, sig,
+                                                                              in_checkpoint):
+    from electra_ablate.training.pretraining import _checkpoint_step, train
+
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4",
+                       "logger.log_every_n_steps=2", "optim.warmup_steps=2")
+    with stops.handled(), pytest.raises(stops.Stopped) as stopped:
+        train(cfg, callbacks=[SignalAt(4 if in_checkpoint else 5, sig, in_checkpoint)])
+    step = 4 if in_checkpoint else 5
+    assert stopped.value.step == step
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.logger.experiment).experiment_id])
+    assert run.info.status == "KILLED" and run.data.tags[tracking.TAG_END_REASON] == f"stopped by {sig.name}"
+    (ckpt,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints/last.ckpt")
+    assert _checkpoint_step(ckpt) == step  # whole, and of the step it stopped after
+    assert not list(ckpt.parent.glob(".*tmp*"))
+    assert f"at step {step} of 12" in stops.line(sig) and f"checkpoint at step {step} is saved" in stops.line(sig)
+
+    stops.reset()
+    assert train(cfg) == run.info.run_id
+    again = client.get_run(run.info.run_id)
+    assert again.info.status == "FINISHED" and again.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    assert json.loads(again.data.tags[tracking.TAG_RESTARTS])[-1]["how"].startswith("resumed from")
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(2, 13, 2))
+
+
+# --- refusals touch nothing -----------------------------------------------------------------------------------
+
+
+def listing(root: Path) -> list[str] | None:
+    """Every path under `root` (folders end in /), or None when `root` does not exist."""
+    if not root.exists():
+        return None
+    return sorted(f"{p.relative_to(root)}{'/' if p.is_dir() else ''}" for p in root.rglob("*"))
+
+
+@pytest.fixture(scope="module")
+def used_home(tmp_path_factory) -> Path:
+    """An outputs folder that has been used: a store with a finished run, a run folder, a cache entry."""
+    home = tmp_path_factory.mktemp("used") / "home"
+    client = tracking.setup(f"sqlite:///{home}/mlflow.db", "electra-ablate")
+    tracking.RunLogger.start(client, "electra-ablate", "old", {tracking.TAG_CONFIG_HASH: "0" * 16}).finish()
+    (home / "runs" / "2020-01-01_00-00-00_old" / ".hydra").mkdir(parents=True)
+    (home / "cache" / "hashes").mkdir(parents=True)
+    (home / "cache" / "hashes" / "0123").write_text("digest")
+    return home
+
+
+def home_in(state: str, tmp: Path, used_home: Path) -> Path:
+    home = tmp / "home"
+    if state == "empty":
+        home.mkdir()
+    elif state == "used":
+        shutil.copytree(used_home, home)
+    return home
+
+
+FINETUNE_BASE = ["runtime.num_workers=0", "trainer.enable_progress_bar=false", "glue_data.max_seq_length=32",
+                 "model.hidden_size=32", "model.embedding_size=32", "model.num_hidden_layers=2",
+                 "model.num_attention_heads=2", "model.intermediate_size=64"]
+
+
+def refusals() -> dict[str, tuple[str, object, str]]:
+    """id -> (entry point, argv or a function of the test's tmp folder giving it, the refusal's message), for
+    every refusal tests/test_bad_input.py documents, as the command lines that meet it."""
+    import test_bad_input as bad
+
+    cases: dict[str, tuple[str, object, str]] = {}
+    for name, (overrides, message) in bad.PRETRAIN_VALUES.items():
+        cases[f"pretrain {name}"] = ("pretrain", overrides, message)
+    for make in bad.CORPORA:
+        cases[f"pretrain {make.__name__}"] = ("pretrain", lambda tmp, make=make: [f"data.corpus={make(tmp)[0]}"],
+                                              "Corpus .*")
+    cases["pretrain missing vocabulary"] = (
+        "pretrain", lambda tmp: ["data.train_vocab_size=0", f"data.vocab_file={tmp}/vocab.txt"],
+        "Vocabulary file .*vocab.txt does not exist")
+    for name, (config, args, message) in {**bad.UNKNOWN_KEYS, **bad.BAD_COMMAND_LINES}.items():
+        cases[name if name.startswith(config) else f"{config} {name}"] = (config, args, message)
+    for name, (overrides, message) in bad.FINETUNE_VALUES.items():
+        cases[f"finetune {name}"] = ("finetune", [*FINETUNE_BASE, "task=rte", *overrides], message)
+    for make in bad.GLUE_FILES:
+        cases[f"finetune {make.__name__}"] = (
+            "finetune", lambda tmp, make=make: [*FINETUNE_BASE, "task=rte", f"glue_data.dir={make(tmp)[0]}"],
+            "RTE|GLUE")
+    cases["finetune task=qnli without QNLI data"] = (
+        "finetune", [*FINETUNE_BASE, "task=qnli"], r"GLUE task directory .*QNLI not found")
+    cases["finetune missing checkpoint directory"] = (
+        "finetune", lambda tmp: [*FINETUNE_BASE, "task=rte", f"pretrained={tmp}/gone"],
+        "is neither a directory, an MLflow run id")
+    cases["finetune run id with no store"] = (
+        "finetune", [*FINETUNE_BASE, "task=rte", "pretrained=" + "0" * 32], "no MLflow store at|no MLflow run")
+    for name, (body, message) in bad.SWEEP_FILES.items():
+        cases[f"sweep {name}"] = ("sweep", lambda tmp, body=body: [f"sweep={_sweep_file(tmp, bad.SWEEP_BASE + body)}"],
+                                  message)
+    for name, (sweep, scale, message) in bad.REPORT_INPUTS.items():
+        cases[f"report {name}"] = ("report", [f"sweep={sweep}", *([f"scale={scale}"] if scale else [])], message)
+    for name, (args, message) in bad.EXPORTS.items():
+        cases[f"export {name}"] = ("export", lambda tmp, args=args: _export_args(tmp, args), message)
+    return cases
+
+
+def _sweep_file(tmp: Path, text: str) -> Path:
+    path = tmp / "inputs" / "mine.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text + "\n")
+    return path
+
+
+def _export_args(tmp: Path, args: list[str]) -> list[str]:
+    store = tmp / "inputs" / "store.db"
+    store.parent.mkdir(exist_ok=True)
+    if not store.exists():
+        tracking.setup(f"sqlite:///{store}", "electra-ablate")
+    return [a.format(tmp=tmp / "inputs", out=tmp / "inputs" / "out", store=store) for a in args]
+
+
+ENTRIES = {"pretrain": "electra_ablate.pretrain", "finetune": "electra_ablate.finetune",
+           "sweep": "electra_ablate.sweep.run", "report": "electra_ablate.report.build", "export": "electra_ablate.export"}
+
+
+def run_entry(entry: str, argv: list[str], monkeypatch) -> int:
+    """Run an entry point's console `cli_main` in this process, as `python -m electra_ablate.<entry> ...` would."""
+    import importlib
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    module = importlib.import_module(ENTRIES[entry])
+    monkeypatch.setattr(sys, "argv", [entry, *argv])
+    GlobalHydra.instance().clear()
+    try:
+        module.cli_main()
+    except SystemExit as ended:
+        return ended.code
+    finally:
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def check_refusal(case: str, state: str, tmp: Path, used_home: Path, monkeypatch, capsys) -> None:
+    import re
+
+    entry, argv, message = REFUSALS[case]
+    (tmp / "inputs").mkdir()
+    argv = argv(tmp / "inputs") if callable(argv) else argv
+    home = home_in(state, tmp, used_home)
+    monkeypatch.setenv("ELECTRA_ABLATE_HOME", str(home))
+    before = listing(home)
+    status = run_entry(entry, list(argv), monkeypatch)
+    err = capsys.readouterr().err
+    assert status not in (0, None), err
+    assert re.search(message, str(status) + err), (message, status, err)
+    assert listing(home) == before, f"{case}: the outputs folder changed"
+
+
+REFUSALS = refusals()
+# One of each kind of refusal for the default run (the whole table is `-m slow`), three also with an outputs folder
+# that is empty or has been used.
+SOME = ["finetune task=qnli without QNLI data", "pretrain corpus_binary_part_way", "sweep invalid variant value",
+        "pretrain lr negative", "pretrain misspelt", "finetune epochs zero", "finetune run id with no store",
+        "report unknown sweep", "export no store"]
+SOME_STATES = [(c, "absent") for c in SOME] + [(c, s) for c in SOME[:3] for s in ("empty", "used")]
+
+
+@pytest.mark.parametrize("case, state", SOME_STATES, ids=[f"{c}-{s}" for c, s in SOME_STATES])
+def test_a_refused_command_leaves_the_outputs_folder_as_it_was(tmp_path, used_home, monkeypatch, capsys, case,
+                                                               state):
+    check_refusal(case, state, tmp_path, used_home, monkeypatch, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in REFUSALS if c not in SOME])
+def test_every_documented_refusal_leaves_the_outputs_folder_as_it_was(tmp_path, used_home, monkeypatch, capsys,
+                                                                     case):
+    check_refusal(case, "absent", tmp_path, used_home, monkeypatch, capsys)
+    shutil.rmtree(tmp_path / "inputs")
+    check_refusal(case, "used", tmp_path, used_home, monkeypatch, capsys)
+
+
+# --- slow: the real commands stopped by SIGTERM, then run again ------------------------------------------------
+
+
+def env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def statuses(home: Path) -> list[tuple[str, str]]:
+    """(kind, status) of every run in the outputs folder's store, read-only (a poller must not create it)."""
+    db = home / "mlflow.db"
+    if not db.is_file():
+        return []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute("select (select value from tags t where t.run_uuid = r.run_uuid and t.key = 'kind'), "
+                               "status from runs r").fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []
+
+
+def stop_when(cmd: list[str], ready, job_env: dict[str, str], sig: int = signal.SIGTERM, target=None,
+              timeout: float = 900) -> tuple[int, str, str]:
+    """Start `cmd`, send `sig` (to `target(pid)`, else to it) once `ready()`; (exit status, stdout, stderr)."""
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tic = time.perf_counter()
+    try:
+        while not ready():
+            assert proc.poll() is None, f"ended before the stop: {proc.communicate()[1][-3000:]}"
+            assert time.perf_counter() - tic < timeout, "the stop point was never reached"
+            time.sleep(0.1)
+        os.kill(target(proc.pid) if target else proc.pid, sig)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def one_stop_line(err: str, sig: str = "SIGTERM") -> str:
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert lines and lines[-1].startswith(f"stopped by {sig}: "), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    return lines[-1]
+
+
+def pretrain_cmd(tmp: Path, data_dir: Path, cache: Path, *extra: str) -> list[str]:
+    from conftest import TINY_PRETRAIN
+
+    settings = {**TINY_PRETRAIN, "runtime.num_workers": "2", "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(cache)}
+    return [sys.executable, "-m", "electra_ablate.pretrain", "objective=electra", "trainer.max_steps=200",
+            "trainer.checkpoint_every_n_steps=10", "logger.log_every_n_steps=5",
+            *(f"{k}={v}" for k, v in settings.items()), *extra]
+
+
+def checkpointed(home: Path):
+    return lambda: any(home.glob("pretrain/*/*/checkpoints/last.ckpt"))
+
+
+def finished_once_each_step(home: Path, n: int) -> None:
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+            if r.data.tags.get("kind") == "pretrain"]
+    assert len(runs) == n and {r.info.status for r in runs} == {"FINISHED"}, [(r.info.run_id, r.info.status) for r in runs]
+    for r in runs:
+        assert r.data.tags[tracking.TAG_ATTEMPTS] == "2"
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == list(range(5, 201, 5))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_pretraining_with_one_line_and_the_same_command_resumes_it(tmp_path, data_dir, token_cache):
+    home = tmp_path / "home"
+    cmd = pretrain_cmd(tmp_path, data_dir, token_cache)
+    job_env = env(ELECTRA_ABLATE_HOME=str(home))
+    status, out, err = stop_when(cmd, checkpointed(home), job_env)
+    assert status == 143, err[-3000:]
+    line = one_stop_line(err)
+    assert "is recorded KILLED" in line and "the same command resumes from it" in line and "MLflow run" in line
+    assert statuses(home) == [("pretrain", "KILLED")]
+    again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    finished_once_each_step(home, 1)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_finetuning_with_one_line_and_the_same_command_runs_it_again(tmp_path, data_dir):
+    home = tmp_path / "home"
+    cmd = [sys.executable, "-m", "electra_ablate.finetune", "pretrained=none", "task=rte", "task.epochs=20",
+           *FINETUNE_BASE, "glue_data.batch_size=8", "logger.log_every_n_steps=2", f"paths.data_dir={data_dir}"]
+    job_env = env(ELECTRA_ABLATE_HOME=str(home))
+
+    def logging_metrics():
+        db = home / "mlflow.db"
+        if not db.is_file():
+            return False
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+            try:
+                return con.execute("select count(*) from metrics").fetchone()[0] > 0
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return False
+
+    status, out, err = stop_when(cmd, logging_metrics, job_env)
+    assert status == 143, err[-3000:]
+    line = one_stop_line(err)
+    assert "fine-tuning rte seed=0" in line and "is recorded KILLED" in line
+    assert statuses(home) == [("finetune", "KILLED")]
+    again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert statuses(home) == [("finetune", "FINISHED")]
+
+
+EXPORT_STOPPED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from electra_ablate.hf import exporting
+    real = exporting.to_transformers_model
+
+    def stopping(*args, **kwargs):  # SIGTERM while the first network is being written
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    exporting.to_transformers_model = stopping
+    from electra_ablate.export import cli_main
+    sys.argv = ["export", *sys.argv[1:]]
+    cli_main()
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_export_with_one_line_and_nothing_half_written(tmp_path):
+    import torch
+
+    from electra_ablate.models.checkpoint import save_pretrained
+    from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+
+    pytest.importorskip("transformers")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(59)]]) + "\n")
+    config = EncoderConfig(vocab_size=64, embedding_size=32, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    source = save_pretrained(tmp_path / "pretrained", ElectraForPretraining(config, disc_head=True), vocab,
+                             {"objective": "electra", "do_lower_case": True})
+    out = tmp_path / "exported"
+    stopped = subprocess.run([sys.executable, "-c", EXPORT_STOPPED, str(source), str(out)], env=env(),
+                             capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "wrote nothing" in one_stop_line(stopped.stderr)
+    assert not out.exists() and not list(tmp_path.glob(".exported*"))
+    again = subprocess.run([sys.executable, "-m", "electra_ablate.export", str(source), str(out)], env=env(),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and (out / "discriminator" / "config.json").is_file(), again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_benchmark_with_one_line(tmp_path, data_dir):
+    pytest.importorskip("transformers")
+    out = tmp_path / "bench.md"
+    cmd = [sys.executable, "-m", "electra_ablate.bench", "--quick", "--models", "tiny", "--batch-size", "8",
+           "--seq-len", "64", "--threads", "1", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+           "--out", str(out), "--sections", "pretrain,pieces", "--override", "data.max_docs=300"]
+    def measuring():  # the benchmark has begun: its cache is built
+        return any((tmp_path / "cache").glob("pretrain/*/meta.json"))
+
+    status, _, err = stop_when(cmd, measuring, env())
+    assert status == 143, err[-3000:]
+    assert "wrote no report" in one_stop_line(err) and not out.exists()
+
+
+def job_processes(root: int, needle: str) -> list[int]:
+    return [pid for pid, (_, cmdline) in stops.descendants(root).items() if needle in cmdline]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "joblib"])
+def test_sigterm_stops_a_multirun_whose_jobs_end_killed_and_resume(tmp_path, data_dir, token_cache, launcher):
+    home = tmp_path / "home"
+    extra = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib" else []
+    cmd = pretrain_cmd(tmp_path, data_dir, token_cache, "seed=0,1", *extra)
+    cmd.insert(3, "-m")
+    job_env = env(ELECTRA_ABLATE_HOME=str(home))
+    tic = time.perf_counter()
+    status, _, err = stop_when(cmd, checkpointed(home), job_env)
+    assert status == 143, err[-3000:]
+    one_stop_line(err)
+    found = statuses(home)
+    assert "RUNNING" not in {s for _, s in found} and ("pretrain", "KILLED") in found, found
+    if launcher == "basic":  # one job at a time: the second never started
+        assert found == [("pretrain", "KILLED")]
+    again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1800)
+    assert again.returncode == 0, again.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{home}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert sorted(r.data.tags["seed"] for r in runs) == ["0", "1"] and {r.info.status for r in runs} == {"FINISHED"}
+    print(f"multirun ({launcher}) stopped by SIGTERM and resumed in {time.perf_counter() - tic:.0f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
+def test_a_submitit_job_stopped_mid_run_is_killed_and_resumes(tmp_path, data_dir, token_cache, sig):
+    # What a SLURM time limit or preemption does to a job's process (docs/scaling.md), with submitit's local
+    # executor. SIGTERM: the run ends KILLED at a checkpoint of its step and the multirun fails; the same command
+    # resumes it. SIGUSR2 (submitit's preemption signal): the same stop, then submitit requeues the job, which
+    # resumes the run; the multirun succeeds. Either way the run ends FINISHED with each step logged once.
+    home = tmp_path / "home"
+    cmd = pretrain_cmd(tmp_path, data_dir, token_cache, "hydra/launcher=submitit_local",
+                       "hydra.launcher.timeout_min=60", f"hydra.sweep.dir={tmp_path}/multirun")
+    cmd.insert(3, "-m")
+    job_env = env(ELECTRA_ABLATE_HOME=str(home))
+
+    def the_job(pid: int) -> int:
+        (job,) = job_processes(pid, "submitit.core._submit")
+        return job
+
+    status, _, err = stop_when(cmd, checkpointed(home), job_env, sig=sig, target=the_job)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "multirun").rglob("*.log"))
+    assert f"stopped by {sig.name}: pre-training" in logs and "the same command resumes from it" in logs
+    if sig == signal.SIGTERM:
+        assert status == 1, err[-3000:]
+        assert one_stop_line(err).startswith("stopped by SIGTERM: pre-training")
+        assert statuses(home) == [("pretrain", "KILLED")]
+        again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1800)
+        assert again.returncode == 0, again.stderr[-3000:]
+    else:
+        assert status == 0, err[-3000:]  # requeued by submitit, resumed and finished in the same multirun
+    finished_once_each_step(home, 1)
