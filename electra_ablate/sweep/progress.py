@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from electra_ablate.common import console
@@ -56,10 +57,10 @@ class PhaseConsole:
     """Watches one phase's multirun process. `launched` is the number of jobs the multirun starts, `todo` those of
     them with work to do (a multirun is a product: the others find their work done and end at once). `every_s`:
     seconds between progress lines (default ELECTRA_ABLATE_PROGRESS_EVERY_S, else 60), handed on to the jobs,
-    which report every half of it."""
+    which report every half of it. `clock`: seconds, for the elapsed times and the interval (tests pass a fake)."""
 
     def __init__(self, phase: str, launched: int, log_path: Path, verbose: bool | None = None,
-                 todo: int | None = None, every_s: float | None = None):
+                 todo: int | None = None, every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
         self.phase, self.launched, self.log_path = phase, launched, Path(log_path)
         self.todo = launched if todo is None else todo
         self.progress_path = self.log_path.with_suffix(".progress.jsonl")
@@ -72,9 +73,10 @@ class PhaseConsole:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the log file is written by the output's copy and by this console's lines
+        self._poll_lock = threading.Lock()  # poll() runs in the watch thread and in finish()
         self._log = None
-        self._tic = time.perf_counter()
-        self._last_line = time.monotonic()
+        self.clock = clock
+        self._tic = self._last_line = clock()
 
     def popen_kwargs(self, env: dict[str, str]) -> dict:
         """What `subprocess.Popen` needs so that this console sees the multirun's output and its jobs' progress."""
@@ -85,25 +87,32 @@ class PhaseConsole:
                 "errors": "replace"}
 
     def start(self, proc: subprocess.Popen) -> None:
-        self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
-        rest = f" ({self.launched} in the multirun, the others already done)" if self.launched != self.todo else ""
-        self._say(f"{self.phase}: {self.todo} job(s) launched{rest}; log: {self.log_path}")
-        self._tic, self._last_line = time.perf_counter(), time.monotonic()
+        """Open the log and watch `proc`: its output copied to the log, the progress file polled."""
+        self.open()
         self._threads = [threading.Thread(target=self._copy, args=(proc.stdout,), daemon=True),
                          threading.Thread(target=self._watch, daemon=True)]
         for t in self._threads:
             t.start()
 
+    def open(self) -> None:
+        """Open the phase's log and say what was launched (`start` does; a test then calls `poll` itself)."""
+        self._log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
+        rest = f" ({self.launched} in the multirun, the others already done)" if self.launched != self.todo else ""
+        self._say(f"{self.phase}: {self.todo} job(s) launched{rest}; log: {self.log_path}")
+        self._tic = self._last_line = self.clock()
+
     def finish(self, returncode: int) -> None:
         """Wait for the output to end, show the last progress, and on failure the log's last lines."""
-        self._threads[0].join(timeout=30)
-        self._stop.set()
-        self._threads[1].join(timeout=10)
-        self._report_new()
+        if self._threads:
+            self._threads[0].join(timeout=30)
+            self._stop.set()
+            self._threads[1].join(timeout=10)
+        with self._poll_lock:
+            self._report_new()
         failed = sum(1 for r in self.seen if r.get("status") != "done")
         summary = f"{self.phase}: {len(self.seen) - failed}/{self.launched} job(s) done"
         summary += f", {failed} failed" if failed else ""
-        self._say(f"{summary} in {duration(time.perf_counter() - self._tic)}")
+        self._say(f"{summary} in {duration(self.clock() - self._tic)}")
         with self._lock:
             if self._log is not None:
                 self._log.close()
@@ -135,6 +144,11 @@ class PhaseConsole:
 
     def _watch(self) -> None:
         while not self._stop.wait(min(POLL_S, self.every_s / 4)):
+            self.poll()
+
+    def poll(self) -> None:
+        """Read the jobs' new reports: a line for each job that ended, and the running jobs' line when it is due."""
+        with self._poll_lock:
             self._report_new()
             self._show_running()
 
@@ -158,7 +172,7 @@ class PhaseConsole:
         return [r for r in records if isinstance(r, dict)]
 
     def _report_new(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for record in self._records():
             job = str(record.get("job"))
             if "status" not in record:  # a heartbeat: the job's step so far
@@ -169,11 +183,11 @@ class PhaseConsole:
             self.seen.append(record)
             status = "" if record.get("status") == "done" else f" ({record.get('status')})"
             self._say(f"  {self.phase} {len(self.seen)}/{self.launched}: {job}{status}, "
-                      f"{duration(time.perf_counter() - self._tic)} elapsed")
+                      f"{duration(now - self._tic)} elapsed")
 
     def _show_running(self) -> None:
         """One line for every running job, at most once every `every_s` seconds."""
-        now = time.monotonic()
+        now = self.clock()
         if not self.running or now - self._last_line < self.every_s:
             return
         self._last_line = now
