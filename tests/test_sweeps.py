@@ -124,6 +124,21 @@ def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_
     assert none.random_init_of == "electra" and none not in ctx.spec.pretrained_variants
 
 
+def test_a_sweeps_per_task_settings_reach_each_tasks_runs(tmp_path, data_dir):
+    """quick cuts MRPC and STS-B below recipe=cpu_glue's settings with `per_task` keys of its scale."""
+    from electra_ablate.training import finetuning
+    ctx = context("quick", "tiny", tmp_path, data_dir)
+    ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
+    ctx.write_finetune_config(ckpt)
+    got = {}
+    for task in ctx.spec.tasks:
+        ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", f"task={task}"])
+        (spec, task_cfg), = finetuning.selected_tasks(ft)
+        cfg, task_cfg = finetuning.for_task(ft, spec.name, task_cfg)
+        got[task] = (cfg.glue_data.max_train_examples, task_cfg.epochs, cfg.glue_data.max_seq_length)
+    assert got == {"mrpc": (1500, 3, 128), "stsb": (1500, 3, 128)}
+
+
 def test_a_report_at_another_scale_than_the_default_is_named_for_it(tmp_path, data_dir):
     """One sweep's reports at two scales sit side by side: the default scale keeps <name>.md."""
     assert load_sweep("table5_efficiency").report_name == "table5_efficiency"  # default_scale: tiny

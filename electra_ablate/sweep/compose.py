@@ -26,6 +26,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 
 from electra_ablate.common.io import write_text
+from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, SweepSpec, load_sweep
 from electra_ablate.tracking import runs as tracking
@@ -220,6 +221,12 @@ def make_context(
 _ABSENT = object()
 
 
+def _setting(key: str) -> str:
+    """The config key a `per_task.<task>.<key>` override sets for one task (training/finetune_tasks.for_task)"""
+    parts = key.split(".")
+    return ".".join(parts[2:]) if parts[0] == "per_task" and len(parts) > 2 and parts[1] in glue.TASKS else key
+
+
 def _check_keys(config_name: str, overrides: Mapping[str, Any], base: Sequence[str], where: str,
                 seen: dict | None = None) -> None:
     """Every value override must name an existing key: a generated config would silently add a misspelt one."""
@@ -230,7 +237,7 @@ def _check_keys(config_name: str, overrides: Mapping[str, Any], base: Sequence[s
         cfg = compose_app(config_name, [*(f"{g}={o}" for g, o in groups.items()), *base])
         if seen is not None:
             seen[cache_key] = cfg
-    unknown = [k for k in values if OmegaConf.select(cfg, k, default=_ABSENT) is _ABSENT]
+    unknown = [k for k in values if OmegaConf.select(cfg, _setting(k), default=_ABSENT) is _ABSENT]
     if unknown:
         raise SweepError(f"{where}: {unknown} are not keys of the {config_name} config (check the spelling)")
 
