@@ -5,8 +5,10 @@ swapping it in changes no state-dict key and no eval-mode output. No test assert
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -15,10 +17,13 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers", reason="the benchmark's reference is built from transformers")
 
-from electra_ablate.bench import builds, cli, sections_speed, settings  # noqa: E402
+from electra_ablate.bench import builds, cli, sections_speed, settings, step_costs  # noqa: E402
 from electra_ablate.models import fast  # noqa: E402
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig  # noqa: E402
 from electra_ablate.optim.reference_adam import ReferenceAdam  # noqa: E402
+from electra_ablate.training.build import config_step_flops  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 # 2 layers, hidden 64, sequences of 64, 8 sequences per batch, 300 documents of the tiny hermetic corpus and
 # its BERT-layout vocabulary (conftest).
@@ -344,3 +349,28 @@ def test_presets_section_times_every_preset_against_the_first_ones_bert_step(tmp
     assert flops[("cpu_regime_30k", 128, "bert")] > flops[("cpu_regime_30k", 64, "bert")] > flops[("cpu_regime", 64, "bert")]
     text = out.read_text()
     assert "## A step at each CPU preset" in text and f"| `cpu_regime_30k` data.max_seq_length=64 | electra | {bert_vocab} |" in text
+    # Beside the markdown, the steps a sweep's dry run prices its jobs with (sweep/cost.py), whose FLOPs it counts
+    # from a job's config alone: the same count as the built networks'.
+    costs = json.loads(out.with_suffix(".json").read_text())
+    parsed, _ = cli.parse_args(argv)
+    assert costs["cpu"] == rep.machine["cpu"] and len(costs["rows"]) == len(rows)
+    for saved, row in zip(costs["rows"], rows):
+        assert saved["step_s"] == row["step_s"] and saved["batch"] == list(row["batch"]) and saved["threads"] == 1
+        assert saved["model"]["hidden_size"] == 64 and saved["heads"]["main"] == {"bert": "mlm", "electra": "disc"}[
+            saved["objective"]]
+        cfg = builds.compose_config(parsed, "tiny", f"experiment={row['preset']}", f"objective={row['objective']}",
+                             *row["overrides"], keep_shape=True)
+        assert config_step_flops(cfg, row["vocab"])["joint"] == pytest.approx(row["flops"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_the_committed_step_costs_are_the_committed_bench_reports_converted(data_dir):
+    """reports/benchmarks_presets.json and _throughput.json were converted from their markdown (bench/step_costs.py),
+    written before the bench wrote the JSON itself; its FLOPs are those of the markdown's ratio column."""
+    for name in ("benchmarks_presets", "benchmarks_throughput"):
+        converted = step_costs.from_markdown(REPO / "reports" / f"{name}.md", data_dir)
+        assert converted == json.loads((REPO / "reports" / f"{name}.json").read_text()), name
+    rows = json.loads((REPO / "reports" / "benchmarks_presets.json").read_text())["rows"]
+    table = (REPO / "reports" / "benchmarks_presets.md").read_text().splitlines()
+    ratios = [line.split("|")[8].strip() for line in table if line.startswith("| `cpu_regime")]
+    assert [f"{r['flops'] / rows[0]['flops']:.2f}x" for r in rows] == ratios

@@ -1,9 +1,12 @@
-"""The console a user reads (common/console.py, sweep/progress.py): library chatter in the log file only,
-warnings on the console, progress lines for a phase's jobs, and a 2-step pre-training run that ends with its
-outcome and no banner."""
+"""The console a user reads (common/console.py, sweep/progress.py, training/heartbeat.py): library chatter in the
+log file only, warnings on the console, progress lines for a phase's jobs (their ends, and at most once a minute
+every running job's step, total and time left), and a 2-step pre-training run that ends with its outcome and no
+banner."""
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import os
 import subprocess
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from electra_ablate.common import console
-from electra_ablate.sweep.progress import PhaseConsole, duration
+from electra_ablate.sweep.progress import PhaseConsole, duration, job_progress
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,14 +90,151 @@ def test_a_phase_shows_progress_and_warnings_and_keeps_the_rest_in_its_log(tmp_p
     assert "GPU available: False" in log and "Traceback: boom" in log
 
 
+class StandInJob:
+    """A job of a stand-in multirun, in a context of its own as in a process of its own: its heartbeats and its end
+    go to the progress file through console.job and console.heartbeat, as the training loops' do."""
+
+    def __init__(self, name: str):
+        self.context, self.around = contextvars.Context(), console.job(name)
+        self.context.run(self.around.__enter__)
+
+    def beat(self, step: int, total: int, seconds_per_step: float | None) -> None:
+        self.context.run(console.heartbeat, step, total, seconds_per_step)
+
+    def end(self) -> None:
+        self.context.run(self.around.__exit__, None, None, None)
+
+
+def test_a_running_phase_shows_each_jobs_step_total_and_time_left_at_most_once_a_minute(tmp_path, capsys,
+                                                                                       monkeypatch):
+    """Twelve minutes on a fake clock, the console polled every 2 s as its watch thread does, at the default interval:
+    bert-s0 resumed at step 1,200 of 9,000 (2 s a step), electra-s0 starting at 40 s (1.5 s a step), each reporting
+    every 30 s; bert-s0 ends at 10 min 10 s, electra-s0 at 12 min."""
+    monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    monkeypatch.delenv(console.PROGRESS_EVERY_ENV, raising=False)
+    now = [0.0]
+    log_path = tmp_path / "multirun" / "console.log"
+    watch = PhaseConsole("pretrain", 2, log_path, verbose=False, clock=lambda: now[0])
+    assert watch.every_s == 60.0
+    monkeypatch.setenv(console.PROGRESS_ENV, watch.popen_kwargs(dict(os.environ))["env"][console.PROGRESS_ENV])
+    watch.open()
+    bert, electra = StandInJob("bert-s0"), None
+    for t in range(0, 721, 2):
+        now[0] = float(t)
+        if t <= 600 and t % 30 == 0:
+            bert.beat(1200 + t // 2, 9000, 2.0)
+        if t == 610:
+            bert.end()
+        if t == 40:
+            electra = StandInJob("electra-s0")
+            electra.beat(10, 1832, None)  # its first report: no rate yet
+        elif t > 40 and t % 30 == 10:
+            electra.beat(10 + round((t - 40) / 1.5), 1832, 1.5)
+        if t == 720:
+            electra.end()
+        watch.poll()
+    watch.finish(0)
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("  pretrain running: ")]
+    # One line a minute, from the first minute to the eleventh (at 12 min both jobs have ended).
+    assert len(lines) == 11, lines
+    # A resumed job at its true step of its total; a job without a rate yet.
+    assert lines[0] == ("  pretrain running: bert-s0 1,230/9,000 (14%), 4 h 19 min left; "
+                        "electra-s0 10/1,832 (1%), time left not known yet")
+    # Read 20 s after its report at 100 s: the time left counts down from that report.
+    assert lines[1].endswith("; electra-s0 50/1,832 (3%), 44 min 13 s left"), lines[1]
+    assert lines[10] == "  pretrain running: electra-s0 410/1,832 (22%), 35 min 13 s left"
+    assert "  pretrain 1/2: bert-s0, 10 min 10 s elapsed" in out and "  pretrain 2/2: electra-s0, 12 min 00 s elapsed" in out
+    assert "pretrain: 2/2 job(s) done in 12 min 00 s" in out
+    # The log keeps what the console showed: it grows by one progress line a minute, no more.
+    logged = [x for x in log_path.read_text().splitlines() if x.startswith("  pretrain running: ")]
+    assert logged == lines
+
+
+def test_a_resumed_job_reports_its_true_step_and_the_rate_of_the_steps_it_ran_since(tmp_path, monkeypatch):
+    """The Heartbeat callback in a real Lightning loop, stopped at step 30 and resumed from its checkpoint to 60 on a
+    clock that makes every step 2 s and puts a day between the two processes (here, two trainers)."""
+    import itertools
+
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from electra_ablate.training.heartbeat import Heartbeat
+
+    class Toy(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.w(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    progress = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(console.PROGRESS_ENV, str(progress))
+    data = DataLoader(TensorDataset(torch.randn(120, 2)), batch_size=4)  # 30 steps an epoch: step 30 ends one
+
+    def fit(max_steps: int, start: float, ckpt: str | None) -> list[dict]:
+        progress.unlink(missing_ok=True)
+        trainer = pl.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             callbacks=[Heartbeat(every_s=10.0, clock=itertools.count(start, 2.0).__next__)])
+        with console.job("toy-s0"):
+            trainer.fit(Toy(), data, ckpt_path=ckpt)
+        trainer.save_checkpoint(tmp_path / "last.ckpt")
+        return [json.loads(line) for line in progress.read_text().splitlines()]
+
+    first = fit(30, 0.0, None)
+    beats = [r for r in first if "step" in r]
+    assert [r["step"] for r in beats] == [1, 6, 11, 16, 21, 26] and {r["total"] for r in beats} == {30}
+    assert beats[0]["seconds_per_step"] is None and {r["seconds_per_step"] for r in beats[1:]} == {2.0}
+    assert first[-1]["job"] == "toy-s0" and first[-1]["status"] == "done"
+    resumed = [r for r in fit(60, 86_400.0, str(tmp_path / "last.ckpt")) if "step" in r]
+    assert [r["step"] for r in resumed] == [31, 36, 41, 46, 51, 56] and {r["total"] for r in resumed} == {60}
+    assert resumed[0]["seconds_per_step"] is None and {r["seconds_per_step"] for r in resumed[1:]} == {2.0}
+
+
+def test_outside_a_sweep_the_heartbeat_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(console.PROGRESS_ENV, raising=False)
+    assert not console.reporting()
+    with console.job("x"):
+        assert not console.reporting()
+        console.heartbeat(1, 2, 0.5)  # no progress file: nothing to write, no error
+    monkeypatch.setenv(console.PROGRESS_ENV, str(tmp_path / "p.jsonl"))
+    console.heartbeat(1, 2, 0.5)  # outside a job
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_job_s_progress_counts_its_time_left_down_from_its_last_report():
+    record = {"job": "bert-s0", "step": 1200, "total": 9000, "seconds_per_step": 2.0}
+    assert job_progress(record, 0.0, 90.0) == "bert-s0 1,200/9,000 (13%), 4 h 20 min left"
+    assert job_progress(record, 600.0, 900.0) == "bert-s0 1,200/9,000 (13%), 4 h 10 min left"
+    assert job_progress(record, 15600.0 + 5, 90.0).endswith(", 0 s left (no report for 4 h 20 min)")
+    assert job_progress({**record, "seconds_per_step": None}, 0.0, 90.0).endswith(", time left not known yet")
+
+
+def test_the_progress_interval_is_checked_with_the_fix(monkeypatch):
+    monkeypatch.setenv(console.PROGRESS_EVERY_ENV, "0")
+    with pytest.raises(console.ConsoleError, match="ELECTRA_ABLATE_PROGRESS_EVERY_S='0' must be a positive number"):
+        console.progress_every()
+    monkeypatch.setenv(console.PROGRESS_EVERY_ENV, "2.5")
+    assert console.progress_every() == 2.5
+
+
 @pytest.mark.parametrize("seconds, text", [(42, "42 s"), (185, "3 min 05 s"), (3720, "1 h 02 min")])
 def test_durations_read_as_a_person_says_them(seconds, text):
     assert duration(seconds) == text
 
 
 def test_a_two_step_pre_training_run_ends_with_its_outcome_and_no_banner(tmp_path):
+    """Run as a sweep's job would be (a progress file in its environment), it also reports its step of its total."""
     env = {k: v for k, v in os.environ.items() if k != console.VERBOSE_ENV}
-    env.update(ELECTRA_ABLATE_HOME=str(tmp_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    progress = tmp_path / "console.progress.jsonl"
+    env.update(ELECTRA_ABLATE_HOME=str(tmp_path), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+               **{console.PROGRESS_ENV: str(progress), console.PROGRESS_EVERY_ENV: "60"})
     cmd = [sys.executable, "-m", "electra_ablate.pretrain", "model=tiny", "model.hidden_size=64",
            "model.embedding_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
            "model.intermediate_size=128", "trainer.max_steps=2", "optim.warmup_steps=1", "data.max_docs=200",
@@ -110,3 +250,7 @@ def test_a_two_step_pre_training_run_ends_with_its_outcome_and_no_banner(tmp_pat
     assert "at its end: masked-LM accuracy" in out and "discriminator ROC AUC" in out, out
     logs = list((tmp_path / "runs").glob("*/*.log"))
     assert logs and "GPU available" in logs[0].read_text(), "the banner belongs in the run's log file"
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    # The first report comes after the first step, without a rate; the next is due 30 s later.
+    assert records[0] == {"job": "electra-embeddings-tiny-s0", "step": 1, "total": 2, "seconds_per_step": None}
+    assert records[-1]["job"] == "electra-embeddings-tiny-s0" and records[-1]["status"] == "done", records

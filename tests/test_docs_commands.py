@@ -191,6 +191,18 @@ def check_report(name: str, variants: tuple[str, ...], ran: bool = True) -> Call
     return check
 
 
+def check_dry_run_cost(result: Result, runner: Runner) -> None:
+    """docs/usage.md: a dry run prints the commands and the core-hours of each phase, each variant's line saying what
+    its step cost rests on (here a `cpu_regime` step: the hermetic vocabulary's 2,200 pieces are nearer its 2,000
+    than BERT's 30,522), and launches nothing."""
+    assert "electra_ablate.pretrain -m" in result.output and not runner.runs("cpu_regime_30k", kind="pretrain")
+    assert re.search(r"^  pretrain: 6 job\(s\), about \d+\.\d core-hours$", result.output, re.M), result.output
+    for variant, jobs in (("bert", 3), ("electra", 3)):
+        line = rf"^    {variant}: {jobs} job\(s\), [\d,]+ steps x \d+\.\d\d s = \d+\.\d core-hours \(cpu_regime"
+        assert re.search(line, result.output, re.M), result.output
+    assert "  step costs: reports/benchmarks_presets.json (" in result.output
+
+
 def check_exported(result: Result, runner: Runner) -> None:
     """README: export writes discriminator/ (or mlm/) and generator/ directories transformers loads."""
     for part in ("discriminator", "generator"):
@@ -401,6 +413,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
     'python -m electra_ablate.sweep sweep=table1_small scale=small "phases=[finetune,report]"':
         Skip("Small-size fine-tuning; every job's config composes (test_documented_command_composes), and "
              "tests/test_report.py fine-tunes and reports an unfinished run's saved checkpoints on a store it fills"),
+    "python -m electra_ablate.sweep sweep=cpu_regime_30k dry_run=true": Smoke(check=check_dry_run_cost),
     "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
         Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.launch import check_launcher, launcher_overrides, shell_join
 from electra_ablate.sweep.spec import CONF_DIR, SweepError, load_sweep
 from electra_ablate.tracking import runs as tracking
+from electra_ablate.training.build import config_step_flops
 
 REPO = Path(__file__).resolve().parent.parent
 SWEEP_FILES = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
@@ -92,6 +94,11 @@ def test_training_algorithms_get_equal_compute(scale, tmp_path, data_dir):
     budgets = {k: budget(c) for k, c in cfgs.items()}
     for k, b in budgets.items():
         assert b == pytest.approx(budgets["joint"], rel=0.01), (k, budgets)
+    for k, c in cfgs.items():  # a dry run (sweep/cost.py) counts each stage's steps at that stage's FLOPs
+        per_step = config_step_flops(c, encoder(c).vocab_size)
+        stages = get_class(c.algorithm._target_).stage_steps(c)
+        assert sum(stages.values()) == c.trainer.max_steps
+        assert sum(n * per_step[stage] for stage, n in stages.items()) == pytest.approx(budgets[k], rel=1e-9), k
 
 
 @pytest.mark.parametrize("scale", scales_of("table1_small"))
@@ -348,6 +355,94 @@ def test_cli_dry_run_prints_the_multiruns_with_the_launcher_handed_on(tmp_path, 
     assert generated["defaults"] == [{"override /model": "tiny"}, {"override /data": "wiki_sample"}, {"override /objective": "bert"}]
     assert generated["trainer"] == {"max_steps": 2624, "export_fractions": [0.0625, 0.125, 0.25, 0.5]}
     assert "pretrain: 2 job(s) launched" in done.stdout
+    # What it would cost, from the committed step costs (reports/benchmarks_presets.json) and the jobs' FLOPs.
+    assert re.search(r"^  pretrain: 2 job\(s\), about \d+\.\d core-hours$", done.stdout, re.MULTILINE), done.stdout
+    assert re.search(r"^    bert: 1 job\(s\), 2,624 steps x \d+\.\d\d s = \d+\.\d core-hours \(", done.stdout,
+                     re.MULTILINE), done.stdout
+
+
+COSTED = """
+name: costed
+tasks: [sst2]
+seeds: [0, 1]
+checkpoints: [0.5, 1.0]
+pretrain: {experiment: cpu_regime_30k, trainer.max_steps: 3000}
+variants:
+  bert: {objective: bert}
+  atm: {objective: all_tokens_mlm}
+  wide: {objective: bert, model.hidden_size: 256}
+  none: {random_init_of: bert}
+"""
+
+
+def test_a_dry_run_prices_what_it_would_run_from_the_closest_timed_step(tmp_path, data_dir, monkeypatch):
+    """Step costs as the bench writes them: BERT's step at the sweep's own shape timed at 10 s under load, and at
+    2 s on a free core by the throughput section, so every timed second counts 0.2x. The BERT job resumes at step
+    1,200; three SST-2 fine-tuning runs have finished (20, 30 and 100 s)."""
+    import torch
+
+    from electra_ablate.sweep import cost
+    from electra_ablate.sweep import run as runner
+
+    (tmp_path / "costed.yaml").write_text(COSTED)
+    ctx = context(tmp_path / "costed.yaml", None, tmp_path, data_dir)
+    bert, atm = (ctx.compose_pretrain(PretrainJob(v, 0)) for v in ("bert", "atm"))
+    vocab = cost.vocab_size(bert)
+    flops = {name: config_step_flops(cfg, vocab)["joint"] for name, cfg in (("bert", bert), ("atm", atm))}
+    row = {"objective": "bert", "vocab": vocab, "batch": [128, 128], "flops": flops["bert"],
+           "model": {k: int(bert.model[k]) for k in MODEL_KEYS}, "heads": {"main": "mlm", "generator": False},
+           "precision": "bf16-mixed", "attention": "math", "threads": 1}
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    machine = {"cpu": "AMD EPYC", "cores": 2, "date": "2026-11-27 11:19 UTC", "load_start": [12.0, 12.0, 12.0]}
+    (reports / cost.PRESETS_JSON).write_text(json.dumps({**machine, "rows": [
+        {"kind": "preset", "preset": "cpu_regime_30k", "overrides": [], "step_s": 10.0, **row}]}))
+    (reports / cost.THROUGHPUT_JSON).write_text(json.dumps({**machine, "rows": [
+        {"kind": "attention", "experiment": "cpu_regime_30k", "step_s": 2.0, **row}]}))
+    monkeypatch.setattr(cost, "REPORTS", reports)
+
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    exp = client.get_experiment_by_name(ctx.experiment).experiment_id
+    store = tmp_path / "store"
+    (store / "checkpoints").mkdir(parents=True)
+    torch.save({"global_step": 1200, "state_dict": {}}, store / "checkpoints" / "last.ckpt")
+    client.create_run(exp, tags={"kind": "pretrain", "config_hash": tracking.identity_hashes(bert)[0],
+                                 "store": str(store)})
+    for seconds in (20, 30, 100):
+        ran = client.create_run(exp, start_time=1_000_000, tags={"kind": "finetune", "task": "sst2", "seed": "0"})
+        client.set_terminated(ran.info.run_id, "FINISHED", end_time=1_000_000 + 1000 * seconds)
+
+    text = runner.run_sweep(ctx, phases=["pretrain", "finetune"], dry_run=True).cost
+    ratio = flops["atm"] / flops["bert"]
+    pretrain_h = (1800 * 2.0 + 3000 * 2.0 * ratio) / 3600
+    assert f"  pretrain: 3 job(s), about {pretrain_h:.1f} core-hours for 2 of them" in text, text
+    # 1,800 steps left of 3,000, at the timed step's free-core seconds.
+    bert_line = "    bert: 1 job(s), 1,800 steps left of 3,000 x 2.00 s = 1.0 core-hours (cpu_regime_30k bert, timed)"
+    assert bert_line in text, text
+    assert (f"    atm: 1 job(s), 3,000 steps x {2 * ratio:.2f} s = {3000 * 2 * ratio / 3600:.1f} core-hours "
+            f"(cpu_regime_30k bert's seconds per FLOP x {ratio:.2f}x its FLOPs per step; no all_tokens_mlm step was "
+            "timed)") in text, text
+    assert "    wide: 1 job(s), 3,000 steps: no measured step cost for model tiny (256 wide, 4 layers)" in text
+    # Fine-tuning: the checkpoints at 1/2 and the end of the 3 runs, and random init shaped like bert's, x 2 seeds.
+    assert ("    sst2: 14 job(s), 14 of them of checkpoints pre-training has still to save x 30 s = 0.1 core-hours "
+            "(the median of 3 finished sst2 run(s) in MLflow experiment costed)") in text, text
+    assert "step costs: reports/benchmarks_presets.json (AMD EPYC, one thread, 2026-11-27 11:19 UTC, load 12.0" in text
+    assert "its seconds x 0.200: the free-core steps of reports/benchmarks_throughput.json" in text
+    total = f"  total: about {pretrain_h + 14 * 30 / 3600:.1f} core-hours for 16 of 17 job(s); the other 1 have no "
+    assert total + "measured cost (above)" in text
+
+
+def test_a_dry_run_without_step_costs_says_how_to_measure_them(tmp_path, data_dir, monkeypatch):
+    from electra_ablate.sweep import cost
+
+    monkeypatch.setattr(cost, "REPORTS", tmp_path)
+    ctx = context("quick", "tiny", tmp_path, data_dir)
+    cfg = ctx.compose_pretrain(PretrainJob("bert", 0))
+    assert cost.price_pretrain(cfg, cost.load_step_costs()) == (
+        None, f"no measured step cost: no reports/benchmarks_presets.json ({cost.BENCH_COMMAND} writes it)")
+    monkeypatch.setattr(cost.precision, "on_gpu", lambda cfg: True)
+    assert cost.price_pretrain(cfg, cost.StepCosts([], []))[1] == (
+        "no measured step cost for a GPU step (the bench timed CPU presets)")
 
 
 def test_a_sweep_whose_multirun_failed_exits_non_zero_and_records_why(tmp_path, data_dir, monkeypatch):
@@ -477,6 +572,27 @@ def test_a_variant_with_fewer_pretraining_seeds_runs_only_those_in_the_multirun(
     pre = {(r.data.tags["variant"], r.data.tags["seed"]): r.info.status
            for r in kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "mini")["pretrain"]}
     assert pre == {(v, s): "FINISHED" for v in ("electra", "bert") for s in ("0", "1")} | {("long", "1"): "FINISHED"}
+
+
+@pytest.mark.slow
+def test_a_running_sweep_shows_its_jobs_step_total_and_time_left(tmp_path, data_dir, token_cache, monkeypatch):
+    """A pre-training long enough for a few progress lines at an interval shortened to 1 s (default 60 s)."""
+    monkeypatch.setenv("ELECTRA_ABLATE_PROGRESS_EVERY_S", "1")
+    path = write_mini(tmp_path / "mini.yaml", name="miniprogress", pretrain_seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["pretrain"]["trainer.max_steps"] = 600
+    spec["variants"], spec["baseline"] = {"bert": {"objective": "bert"}}, "bert"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = run_cli(tmp_path, data_dir, token_cache, path, "phases=[pretrain]").stdout
+    lines = [x for x in out.splitlines() if x.startswith("  pretrain running: ")]
+    assert any(re.search(r"running: \S+ \d{1,3}/600 \(\d+%\), (\d+ min )?\d+ s left$", x) for x in lines), out
+    (log,) = (tmp_path / "outputs").rglob("multirun/*_pretrain/console.log")
+    text = log.read_text()
+    assert [x for x in text.splitlines() if x.startswith("  pretrain running: ")] == lines
+    # At most one progress line a (shortened) minute: the phase's own elapsed time bounds them.
+    seconds = json.loads(kinds(f"sqlite:///{tmp_path}/outputs/mlflow.db", "miniprogress")["sweep"][0]
+                         .data.tags["phase.pretrain"])["seconds"]
+    assert 1 <= len(lines) <= seconds / 1.0 + 1, (len(lines), seconds)
 
 
 @pytest.mark.slow

@@ -144,6 +144,12 @@ class TwoStage(ManualSystem):
         if self.metrics_sink is not None:
             self.metrics_sink({"train/switch_step": float(step)}, step)
 
+    @classmethod
+    def stage_steps(cls, cfg: DictConfig) -> dict[str, int]:
+        steps = int(cfg.trainer.max_steps)
+        switch = int(round(cfg.algorithm.switch_fraction * steps))  # as __init__ places the switch
+        return {"generator": switch, "discriminator": steps - switch}
+
     # --- what the base system asks ------------------------------------------------------------------------
     def exported_networks(self) -> Networks:
         # Before the switch the discriminator is untrained: the generator (an MLM model) is the network to

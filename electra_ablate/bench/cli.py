@@ -44,6 +44,7 @@ from electra_ablate.bench.sections_throughput import section_throughput, through
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
 from electra_ablate.bench.sections_capture import section_capture, section_loop
+from electra_ablate.bench.step_costs import write_step_costs
 from electra_ablate.bench.settings import (CONF_DIR, DEFAULT_OUT, DEFAULT_SECTIONS, NO_GPU_NOTE, PRECISIONS, PROBE_TAG,
                                            REPO, SECTIONS,
                                            BenchError, Report, Settings, default_data_dir, default_precisions,
@@ -206,6 +207,9 @@ def main(argv: list[str] | None = None) -> Report | None:
         stops.report(f"the benchmark wrote no report to {out} (it has no MLflow run); the same command runs it again")
         raise
     write_text(out, render(rep))
+    costs = write_step_costs(rep, out)  # the presets' and throughput's steps, for a sweep's dry run (sweep/cost.py)
+    if costs is not None:
+        log(f"wrote {costs}")
     if json_out is not None:
         rows = {k: v for k, v in vars(rep).items() if k not in ("settings", "peaks")}
         write_text(json_out, json.dumps(rows, default=str, indent=1))

@@ -14,6 +14,8 @@ import torch
 from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, load_data, tokens
 from electra_ablate.bench.measure import interleaved, median, paper_flops
 from electra_ablate.bench.settings import Report, Settings, log
+from electra_ablate.bench.step_costs import step_shape
+from electra_ablate.common import precision as precision_lib
 
 # (preset, overrides beside it): the first is the one every ratio is taken against.
 PRESETS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -48,7 +50,8 @@ def section_presets(s: Settings, rep: Report) -> None:
                 "kind": "preset", "preset": preset, "overrides": list(extra), "objective": objective,
                 "batch": (b, t), "vocab": runners[name].system.model.config.vocab_size, "step_s": step_s,
                 "tokens_per_s": tokens(batch) / step_s, "flops": paper_flops(runners[name], cfg, b, t),
-                "core_h_per_1k_steps": step_s * 1000 / 3600})
+                "core_h_per_1k_steps": step_s * 1000 / 3600,
+                **step_shape(cfg, precision_lib.resolve(cfg.runtime.precision, s.device.type))})
             log(f"presets {name}: {step_s:.3f} s/step")
     finally:
         torch.set_num_threads(previous)

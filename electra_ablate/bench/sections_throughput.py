@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 
 from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, load_data, tokens
-from electra_ablate.bench.measure import interleaved, median
+from electra_ablate.bench.measure import interleaved, median, paper_flops
 from electra_ablate.bench.settings import (LAYOUT_STEPS_PER_REP, PROBE_TAG, REPO, BenchError, Report, Settings, log,
                                            settings_from_dict, settings_to_dict)
+from electra_ablate.bench.step_costs import step_shape
+from electra_ablate.common import precision as precision_lib
 
 OBJECTIVES = ("bert", "electra")
 ATTENTION = ("sdpa", "math")  # before (torch's fused kernel without dropout), after (written out)
@@ -63,8 +65,13 @@ def _attention_rows(s: Settings, rep: Report) -> None:
             for attention in ATTENTION:
                 step_s = median(timed[attention])
                 shape = tuple(batches[0]["input_ids"].shape)
+                cfg, runner = runners[attention].cfg, runners[attention]
                 rep.throughput.append({"kind": "attention", "objective": objective, "attention": attention,
-                                       "step_s": step_s, "tokens_per_s": n / step_s, "batch": shape})
+                                       "step_s": step_s, "tokens_per_s": n / step_s, "batch": shape,
+                                       "experiment": s.throughput_experiment,
+                                       "vocab": runner.system.model.config.vocab_size,
+                                       "flops": paper_flops(runner, cfg, *shape),
+                                       **step_shape(cfg, precision_lib.resolve(cfg.runtime.precision, s.device.type))})
                 log(f"throughput {objective} attention={attention}: {step_s:.3f} s/step")
     finally:
         torch.set_num_threads(previous)

@@ -11,6 +11,7 @@ ELECTRA_ABLATE_VERBOSE=1, which a sweep hands on to its jobs) shows everything, 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -94,24 +95,71 @@ def say(logger: logging.Logger, message: str, *args) -> None:
 
 # --- progress of a sweep's jobs --------------------------------------------------------------------------------
 
-PROGRESS_ENV = "ELECTRA_ABLATE_PROGRESS"  # set by the sweep runner: the file its jobs append a line to when they end
+PROGRESS_ENV = "ELECTRA_ABLATE_PROGRESS"  # set by the sweep runner: the file its jobs append their records to
+# Seconds between a sweep's progress lines (sweep/progress.py; default 60); its jobs report their step every half
+# of it. The sweep's jobs inherit it with the rest of the environment.
+PROGRESS_EVERY_ENV = "ELECTRA_ABLATE_PROGRESS_EVERY_S"
+PROGRESS_EVERY_S = 60.0
+_job: contextvars.ContextVar[str | None] = contextvars.ContextVar("job", default=None)  # the job `job` is around
+
+
+class ConsoleError(ValueError):
+    """A console setting (an environment variable) that cannot work."""
+
+
+def progress_every() -> float:
+    """Seconds between progress lines: ELECTRA_ABLATE_PROGRESS_EVERY_S, else 60."""
+    raw = os.environ.get(PROGRESS_EVERY_ENV, "").strip()
+    try:
+        value = float(raw) if raw else PROGRESS_EVERY_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConsoleError(f"{PROGRESS_EVERY_ENV}={raw!r} must be a positive number of seconds (default "
+                           f"{PROGRESS_EVERY_S:g}); unset it or give e.g. {PROGRESS_EVERY_ENV}=60")
+    return value
+
+
+def _append(record: dict) -> None:
+    """One record as one short O_APPEND write to the sweep runner's progress file (whole even with jobs writing
+    side by side), if there is one."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def job(name: str):
-    """Around one job of a multirun: when it ends, append `{"job", "status", "seconds"}` to the sweep runner's
-    progress file (one short O_APPEND write, whole even with jobs ending side by side), if there is one."""
-    path = os.environ.get(PROGRESS_ENV)
+    """Around one job of a multirun: its heartbeats (`heartbeat`) carry `name`, and when it ends
+    `{"job", "status", "seconds"}` is appended to the sweep runner's progress file, if there is one."""
     tic = time.perf_counter()
     status = "failed"
+    token = _job.set(name)
     try:
         yield
         status = "done"
     finally:
-        if path:
-            line = json.dumps({"job": name, "status": status, "seconds": round(time.perf_counter() - tic, 1)}) + "\n"
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+        _job.reset(token)
+        _append({"job": name, "status": status, "seconds": round(time.perf_counter() - tic, 1)})
+
+
+def reporting() -> bool:
+    """Whether this process runs a job of a sweep that reads its heartbeats (inside `job`, with a progress file)."""
+    return _job.get() is not None and bool(os.environ.get(PROGRESS_ENV))
+
+
+def heartbeat(step: int, total: int, seconds_per_step: float | None) -> None:
+    """How far the running job has got: `{"job", "step", "total", "seconds_per_step"}` appended to the sweep
+    runner's progress file (a sweep's console shows it, sweep/progress.py); nothing outside a `job` or a sweep."""
+    if not reporting():
+        return
+    try:
+        _append({"job": _job.get(), "step": int(step), "total": int(total),
+                 "seconds_per_step": None if seconds_per_step is None else round(float(seconds_per_step), 4)})
+    except OSError as error:  # a shared file system's hiccup costs the console a line, never the job
+        logging.getLogger(__name__).debug("heartbeat not written: %s", error)

@@ -40,6 +40,7 @@ from omegaconf import DictConfig
 
 from electra_ablate.common import cli, console, stops
 from electra_ablate.glue import tasks as glue
+from electra_ablate.sweep import cost
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
@@ -68,12 +69,15 @@ class PhaseResult:
     command: list[str] = field(default_factory=list)
     returncode: int = 0
     seconds: float = 0.0
+    planned: list = field(default_factory=list)  # pre-training: every job's PretrainState; fine-tuning: its jobs
 
 
 @dataclass
 class SweepResult:
     phases: list[PhaseResult]
     report: Path | None
+    cost: str | None = None  # a dry run: what the jobs it would launch cost (sweep/cost.py)
+
 
     @property
     def failure(self) -> str | None:
@@ -90,7 +94,7 @@ class SweepResult:
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
     states = pretrain_states(ctx, client)
     todo = [s.job for s in states if s.needs_pretraining]
-    result = PhaseResult("pretrain", jobs=len(todo))
+    result = PhaseResult("pretrain", jobs=len(todo), planned=states)
     if not todo:
         print(f"pretrain: 0 job(s) launched (all {len(states)} already finished)", flush=True)
         return result
@@ -122,7 +126,7 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
                         "its GLUE score over the other tasks, naming the skipped ones once (glue_data.source=hf reads "
                         "them from the Hugging Face hub)", ", ".join(glue.get_task(t).dir_name for t in absent))
             todo = [j for j in todo if j[1] in available]
-    result = PhaseResult("finetune", jobs=len(todo))
+    result = PhaseResult("finetune", jobs=len(todo), planned=todo)
     if not todo:
         print("finetune: 0 job(s) launched (nothing left to run)", flush=True)
         return result
@@ -221,11 +225,29 @@ def run_sweep(
                                  "command resumes it: finished work is skipped, stopped pre-training resumes from "
                                  "its checkpoints")
             raise
-    result = SweepResult(results, report_path)
+    result = SweepResult(results, report_path, dry_run_cost(ctx, client, results) if dry_run else None)
     if record is not None:
         record.log_metrics({"wall_time_s": time.perf_counter() - tic}, step=1)
         record.finish("FAILED", result.failure) if result.failure else record.finish("FINISHED")
     return result
+
+
+def dry_run_cost(ctx: SweepContext, client, results: Sequence[PhaseResult]) -> str:
+    """What the phases of a dry run would cost (sweep/cost.py): pre-training's jobs, fine-tuning's, and those of the
+    checkpoints that pre-training would save first."""
+    step_costs = cost.load_step_costs()
+    phases = {r.name: r for r in results}
+    out = []
+    if "pretrain" in phases:
+        out.append(cost.pretrain_cost(ctx, phases["pretrain"].planned, step_costs))
+    if "finetune" in phases:
+        future = {}
+        if "pretrain" in phases:
+            available = available_tasks(ctx)
+            tasks = [t for t in ctx.spec.tasks if available is None or t in available]
+            future = cost.future_finetune_jobs(ctx, phases["pretrain"].planned, tasks)
+        out.append(cost.finetune_cost(ctx, client, phases["finetune"].planned, future))
+    return cost.describe(out, step_costs)
 
 
 def retire_interrupted(client, ctx: SweepContext) -> list[str]:
@@ -281,6 +303,7 @@ def main(cfg: DictConfig) -> str | None:
     if cfg.dry_run:
         for r in result.phases:
             print(f"{r.name}: {r.jobs} job(s) launched (dry run: printed above, not run)")
+        print(result.cost)
     if result.failure:
         sys.exit(f"error: {result.failure}")  # SystemExit passes Hydra's job runner: the command's exit status
     return str(result.report) if result.report else None

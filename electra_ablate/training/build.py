@@ -172,3 +172,14 @@ def step_flops(cfg: DictConfig, model: ElectraForPretraining, generator, global_
     args = (model.config, gen_cfg, heads, global_batch, cfg.data.max_seq_length)
     return {stage: pretrain_flops_per_step(*args, stage=stage) for stage in STAGES}
 
+
+def config_step_flops(cfg: DictConfig, vocab_size: int) -> dict[str, float]:
+    """The same accounting from the config alone, with a vocabulary of `vocab_size` (no data, no network built), for
+    one process's batch: what a sweep's dry run prices a job with (sweep/cost.py)."""
+    disc = discriminator_config(cfg, vocab_size, pad_token_id=0)
+    gen = get_class(cfg.generator._target_).network_config(disc, cfg.generator)
+    heads = get_class(cfg.objective._target_).flops
+    batch = cfg.data.batch_size * cfg.trainer.accumulate_grad_batches
+    return {stage: pretrain_flops_per_step(disc, gen, heads, batch, cfg.data.max_seq_length, stage=stage)
+            for stage in STAGES}
+

@@ -37,6 +37,7 @@ from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
                                                      resolve_pretrained)
 from electra_ablate.training.finetune_tasks import for_task, load_task_data, run_identity, selected_tasks
+from electra_ablate.training.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         num_sanity_val_steps=0,
         enable_progress_bar=bool(cfg.trainer.enable_progress_bar),
         default_root_dir=cfg.paths.output_dir,
+        callbacks=[Heartbeat()],  # the step a sweep's console shows; nothing else
     )
     stops.fit(trainer, system, datamodule)  # a stop (Ctrl-C, SIGTERM) ends it after the current step: Stopped
     if system.global_step == 0:  # never a FINISHED run that did not train

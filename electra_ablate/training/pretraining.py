@@ -26,6 +26,7 @@ from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
 from electra_ablate.training import build
 from electra_ablate.training.checks import validate
+from electra_ablate.training.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,8 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
 
     exports = Exports(cfg, store, system, sharing, dm.vocab_path)
     export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
-    trainer = build.trainer(cfg, store, system.automatic_optimization, [ExportPretrained(export_steps, exports.save), *(callbacks or [])])
+    trainer = build.trainer(cfg, store, system.automatic_optimization,
+                            [ExportPretrained(export_steps, exports.save), Heartbeat(), *(callbacks or [])])
     build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 

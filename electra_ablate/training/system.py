@@ -115,6 +115,12 @@ class PretrainSystem(FusedClipping, pl.LightningModule):
         before any data is built. Joint training runs with anything the other checks let through."""
         return []
 
+    @classmethod
+    def stage_steps(cls, cfg: DictConfig) -> dict[str, int]:
+        """The stages of flops.STAGES a run of `cfg` trains, in order, with their steps (what a sweep's dry run prices
+        before any network exists); every step of joint training is a joint one."""
+        return {"joint": int(cfg.trainer.max_steps)}
+
     def exported_networks(self) -> Networks:
         """What pre-training saves for fine-tuning: the network to fine-tune and the neural generator, if any."""
         return Networks(self.model, self.generator if isinstance(self.generator, ElectraForPretraining) else None)
