@@ -65,13 +65,13 @@ def test_the_named_recipe_and_its_dropout_are_declared():
 def test_the_named_recipes_per_task_settings_are_listed_and_each_tasks_value_shown():
     # conf/recipe/cpu_glue.yaml cuts SST-2's training set (its `per_task` table); CoLA takes the recipe's own.
     scores, frame = _runs(preset="cpu_glue")
-    frame["params.glue_data.max_train_examples"] = ["4000", "None", "None"]
+    frame["params.glue_data.max_train_examples"] = ["8000", "None", "None"]
     scores["task"] = ["sst2", "cola", "cola"]
     text = "\n".join(recipe_lines(scores, frame))
-    assert "| training examples (None = the whole training set) | None | None (cola), 4000 (sst2) | **deviation** |" in text
+    assert "| training examples (None = the whole training set) | None | None (cola), 8000 (sst2) | **deviation** |" in text
     assert ("Per-task settings of `cpu_glue` (its `per_task` table, conf/recipe/cpu_glue.yaml: each merged over the "
             "recipe for that task's runs alone; the other tasks (cola) take the recipe's own):") in text
-    assert "| sst2 | `glue_data.max_train_examples` | 4000 |" in text
+    assert "| sst2 | `glue_data.max_train_examples` | 8000 |" in text
     # A recipe without a per-task table adds none.
     assert "Per-task settings" not in "\n".join(recipe_lines(*_runs(preset="cpu_regime")))
 
