@@ -136,7 +136,7 @@ def test_a_sweeps_per_task_settings_reach_each_tasks_runs(tmp_path, data_dir):
         (spec, task_cfg), = finetuning.selected_tasks(ft)
         cfg, task_cfg = finetuning.for_task(ft, spec.name, task_cfg)
         got[task] = (cfg.glue_data.max_train_examples, task_cfg.epochs, cfg.glue_data.max_seq_length)
-    assert got == {"mrpc": (1500, 3, 128), "stsb": (1500, 3, 128)}
+    assert got == {"mrpc": (1000, 3, 128), "stsb": (1200, 3, 128)}
 
 
 def test_a_report_at_another_scale_than_the_default_is_named_for_it(tmp_path, data_dir):

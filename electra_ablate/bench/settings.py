@@ -20,7 +20,7 @@ from electra_ablate.common import precision as precision_lib
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
 DEFAULT_OUT = REPO / "reports" / "benchmarks.md"
-NO_GPU_NOTE = "no GPU was available in this session"
+NO_GPU_NOTE = "no GPU was visible to torch on this machine"
 PROBE_TAG = "BENCH_MEMORY_PROBE "
 LAYOUT_STEPS_PER_REP = 4  # the throughput section's layout jobs time 4 x --piece-reps steps each (~10 s at cpu_regime)
 

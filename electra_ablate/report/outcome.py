@@ -69,6 +69,9 @@ def lines(data: SweepData, summary: Summary, health: Mapping, paper: Mapping, re
         on = measured_on(results, summary.tasks)
         out += [f"verdicts{f' on {verdicts.instrument(on)}' if on else ''} (95% multi-bootstrap interval, points):"]
         out += ["  " + verdict_line(v, on) for v in results]
+        if len(spec.pretrain_seeds) < 2:  # what the intervals can and cannot say
+            out.append("  one pre-training seed per arm: the intervals cover fine-tuning seeds and dev examples, not "
+                       "pre-training; a verdict is about these networks, not their objectives")
     if data.problems:
         out.append(f"{len(data.problems)} failed or missing run(s): listed in the report")
     return out + [f"report: {report}"]
