@@ -191,6 +191,12 @@ def check_report(name: str, variants: tuple[str, ...], ran: bool = True) -> Call
     return check
 
 
+def check_long_dry_run(result: Result, runner: Runner) -> None:
+    """docs/findings.md: the long run's dry run prices its two pre-training jobs and launches nothing."""
+    assert "electra_ablate.pretrain -m" in result.output and not runner.runs("cpu_long", kind="pretrain")
+    assert re.search(r"^  pretrain: 2 job\(s\), about \d+\.\d core-hours$", result.output, re.M), result.output
+
+
 def check_dry_run_cost(result: Result, runner: Runner) -> None:
     """docs/usage.md: a dry run prints the commands and the core-hours of each phase, each variant's line saying what
     its step cost rests on (here a `cpu_regime` step: the hermetic vocabulary's 2,200 pieces are nearer its 2,000
@@ -414,6 +420,21 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("Small-size fine-tuning; every job's config composes (test_documented_command_composes), and "
              "tests/test_report.py fine-tunes and reports an unfinished run's saved checkpoints on a store it fills"),
     "python -m electra_ablate.sweep sweep=cpu_regime_30k dry_run=true": Smoke(check=check_dry_run_cost),
+    'OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k "phases=[finetune,report]" '
+    "hydra/launcher=joblib hydra.launcher.n_jobs=2":
+        Skip("the 30k sweep's fine-tuning of its finished checkpoints, after hours of pre-training; every job's config "
+             "composes (test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
+    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k scale=tiny hydra/launcher=joblib "
+    "hydra.launcher.n_jobs=2": Skip("the 30k sweep at its default scale, named: hours of two cores; every job's config "
+                                    "composes (test_documented_command_composes)"),
+    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long hydra/launcher=joblib hydra.launcher.n_jobs=2":
+        Skip("the long run: about 15 core-hours of pre-training; every job's config composes "
+             "(test_documented_command_composes), and tests/test_sweeps.py checks its budget and checkpoints"),
+    "python -m electra_ablate.sweep sweep=cpu_long dry_run=true": Smoke(check=check_long_dry_run),
+    ("python -m electra_ablate.sweep sweep=quick \"pretrain_overrides=['runtime.precision=32-true']\" "
+     "\"finetune_overrides=['runtime.precision=32-true']\""):
+        Skip("the README's main job at fp32 (12 minutes of two cores); its smoke (sweep=quick) runs the same job, and "
+             "precision is a speed setting that leaves the runs' identity alone (tests/test_precision.py)"),
     "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
         Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),

@@ -249,8 +249,8 @@ def test_the_long_run_fills_its_one_readme_column_once_its_report_is_committed(t
     assert short[0].endswith("| `cpu_long` (250M tokens, 30k vocabulary; GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE): "
                              "verdict, Δ [95% interval] | reports |"), short[0]
     (row,) = [line for line in short if line.startswith(f"| {TABLE1.text} |")]
-    assert row == (f"| {TABLE1.text} | not in its sweeps | – | not in its sweeps | – | **unresolved at this scale**, "
-                   "+2.0 [-0.5, +4.5] | [cpu_long.md](reports/cpu_long.md) |")
+    assert row == (f"| {TABLE1.text} | not in its sweeps | – | not in its sweeps | – | **unresolved at this scale** "
+                   "(one pre-training seed), +2.0 [-0.5, +4.5] | [cpu_long.md](reports/cpu_long.md) |")
     (sane,) = [line for line in short if line.startswith(f"| {holds.SANITY}")]
     assert "1 comparison at `cpu_long`)" in sane and sane.endswith(
         "| **holds** for 1 (electra) (+3.3 to +3.3) | [cpu_long.md](reports/cpu_long.md) |"), sane

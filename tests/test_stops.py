@@ -36,9 +36,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(autouse=True)
 def _fresh_stop_state():
+    # An xdist worker starts with SIGINT ignored, which stops.handled() rightly keeps: the tests start from
+    # Python's own Ctrl-C handler, as a command run from a terminal does.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     stops.reset()
     yield
     stops.reset()
+    signal.signal(signal.SIGINT, previous)
 
 
 # --- the handler -----------------------------------------------------------------------------------------------

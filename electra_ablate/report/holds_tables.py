@@ -210,7 +210,10 @@ def _summary_cells(entries: Sequence[Mapping], on: tuple[str, ...]) -> list[str]
         split = vd.resolved_elsewhere(c["verdict"], _per_task_verdicts(c))
         tasks = tuple(c.get("tasks") or ())
         where = f" on {_instrument(tasks)}" if tasks and (tasks != on or len(shown) > 1) else ""
-        verdict = f"**{c['verdict']}**" + (f" ({split})" if split else "")
+        notes = [split] if split else []
+        if c.get("groups") and min(c["groups"].values()) == 1:  # the interval leaves pre-training variance out
+            notes.insert(0, "one pre-training seed")
+        verdict = f"**{c['verdict']}**" + (f" ({'; '.join(notes)})" if notes else "")
         if c.get("estimate") is None:
             verdicts.append(verdict + where)
             intervals.append("–")

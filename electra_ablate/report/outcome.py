@@ -70,8 +70,9 @@ def lines(data: SweepData, summary: Summary, health: Mapping, paper: Mapping, re
         out += [f"verdicts{f' on {verdicts.instrument(on)}' if on else ''} (95% multi-bootstrap interval, points):"]
         out += ["  " + verdict_line(v, on) for v in results]
         if len(spec.pretrain_seeds) < 2:  # what the intervals can and cannot say
-            out.append("  one pre-training seed per arm: the intervals cover fine-tuning seeds and dev examples, not "
-                       "pre-training; a verdict is about these networks, not their objectives")
+            out.append(textwrap.fill("one pre-training seed per arm: the intervals cover fine-tuning seeds and dev "
+                                     "examples, not pre-training; a verdict is about these networks, not their "
+                                     "objectives", WIDTH, initial_indent="  ", subsequent_indent="  "))
     if data.problems:
         out.append(f"{len(data.problems)} failed or missing run(s): listed in the report")
     return out + [f"report: {report}"]
