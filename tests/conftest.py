@@ -4,6 +4,7 @@ temporary MLflow store."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import hermetic
@@ -133,3 +134,18 @@ class StopAt(pl.Callback):
 @pytest.fixture
 def stop_at():
     return StopAt
+
+
+def read_only_rows(db: Path, sql: str) -> list[tuple]:
+    """Rows of `sql` on the SQLite store `db`, opened read-only: a poller must never create or migrate the store the
+    process under test is creating. [] while the store or its tables do not exist yet."""
+    if not db.is_file():
+        return []
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
+        try:
+            return con.execute(sql).fetchall()
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return []

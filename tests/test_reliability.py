@@ -21,6 +21,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from conftest import read_only_rows
+
 from electra_ablate.tracking import store
 from electra_ablate.tracking import runs as tracking
 
@@ -290,18 +292,8 @@ def all_runs(root: Path) -> list:
 def polled(root: Path) -> list[tuple[str, int]]:
     """(status, number of metric rows) of each run, read-only: a poller must never create or migrate the store
     the process under test is creating (an MlflowClient would, without the lock)."""
-    db = root / "outputs" / "mlflow.db"
-    if not db.is_file():
-        return []
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("select status, (select count(*) from metrics m where m.run_uuid = r.run_uuid) "
-                               "from runs r").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:  # tables not created yet
-        return []
+    return read_only_rows(root / "outputs" / "mlflow.db",
+                          "select status, (select count(*) from metrics m where m.run_uuid = r.run_uuid) from runs r")
 
 
 def run_to_completion(cmd: list[str]) -> None:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,8 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 from mlflow.tracking import MlflowClient
+
+from conftest import read_only_rows
 
 from electra_ablate.common import cli, stops
 from electra_ablate.tracking import runs as tracking
@@ -332,18 +333,8 @@ def env(**extra: str) -> dict[str, str]:
 
 def statuses(home: Path) -> list[tuple[str, str]]:
     """(kind, status) of every run in the outputs folder's store, read-only (a poller must not create it)."""
-    db = home / "mlflow.db"
-    if not db.is_file():
-        return []
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-        try:
-            return con.execute("select (select value from tags t where t.run_uuid = r.run_uuid and t.key = 'kind'), "
-                               "status from runs r").fetchall()
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return []
+    return read_only_rows(home / "mlflow.db", "select (select value from tags t where t.run_uuid = r.run_uuid and "
+                                              "t.key = 'kind'), status from runs r")
 
 
 def stop_when(cmd: list[str], ready, job_env: dict[str, str], sig: int = signal.SIGTERM, target=None,
@@ -427,17 +418,7 @@ def test_sigterm_stops_finetuning_with_one_line_and_the_same_command_runs_it_aga
     job_env = env(ELECTRA_ABLATE_HOME=str(home))
 
     def logging_metrics():
-        db = home / "mlflow.db"
-        if not db.is_file():
-            return False
-        try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)
-            try:
-                return con.execute("select count(*) from metrics").fetchone()[0] > 0
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return False
+        return bool(read_only_rows(home / "mlflow.db", "select 1 from metrics limit 1"))
 
     status, out, err = stop_when(cmd, logging_metrics, job_env)
     assert status == 143, err[-3000:]
