@@ -89,5 +89,8 @@ def test_the_captured_step_draws_the_eager_loss_curve(tmp_path, data_dir, token_
     assert [r["step"] for r in captured] == [r["step"] for r in eager] == [1, 2, 3, 4, 5, 6]
     for key in ("loss", "mlm_loss", "disc_loss", "masked_lm_accuracy", "disc_accuracy", "replaced_fraction"):
         got, want = [r[key] for r in captured], [r[key] for r in eager]
-        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), key
+        # Inductor's fused kernels sum in another order than eager's, by the CPU's vector width, and the rounding
+        # grows with each optimizer step (1.8e-5 relative by step 4 on a CPU without bf16); a different mask,
+        # sample or dropout moves these values by percents.
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6), key
     assert eager[-1]["loss"] < eager[0]["loss"]  # the curve moves: the comparison is of training, not of a constant

@@ -13,6 +13,7 @@ real commands in subprocesses, multiruns (basic, joblib and submitit_local launc
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -247,19 +248,21 @@ def refusals() -> dict[str, tuple[str, object, str]]:
     return cases
 
 
-def _sweep_file(tmp: Path, text: str) -> Path:
-    path = tmp / "inputs" / "mine.yaml"
-    path.parent.mkdir(exist_ok=True)
+def _sweep_file(inputs: Path, text: str) -> Path:
+    path = inputs / "mine.yaml"
     path.write_text(text + "\n")
     return path
 
 
-def _export_args(tmp: Path, args: list[str]) -> list[str]:
-    store = tmp / "inputs" / "store.db"
-    store.parent.mkdir(exist_ok=True)
-    if not store.exists():
-        tracking.setup(f"sqlite:///{store}", "electra-ablate")
-    return [a.format(tmp=tmp / "inputs", out=tmp / "inputs" / "out", store=store) for a in args]
+def _export_args(inputs: Path, args: list[str]) -> list[str]:
+    # A store of a new name each time: the process keeps SQLite stores it has opened, so one made again at a
+    # path removed since would not be created again.
+    store = inputs / f"store-{next(_STORES)}.db"
+    tracking.setup(f"sqlite:///{store}", "electra-ablate")
+    return [a.format(tmp=inputs, out=inputs / "out", store=store) for a in args]
+
+
+_STORES = itertools.count()
 
 
 ENTRIES = {"pretrain": "electra_ablate.pretrain", "finetune": "electra_ablate.finetune",
