@@ -15,7 +15,8 @@ as it was.
 
 A stop (Ctrl-C, SIGTERM) ends the command with one line `stopped by <signal>: <what was stopped, where, and that
 the same command resumes it>` on stderr and exit status 130 or 143 (common/stops.py), also when it stops a
-multirun: its jobs end KILLED and the multirun with the stop's status.
+multirun: its jobs end KILLED and the multirun with the stop's status and one line naming them (jobs in other
+processes hand their stop to the multirun's own process: common/job_stops.py).
 """
 
 from __future__ import annotations
@@ -27,17 +28,15 @@ import io
 import logging
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from hydra.errors import CompactHydraException
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate.common import stops
+from electra_ablate.common import job_stops, stops
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PACKAGE = __name__.split(".")[0]
@@ -257,12 +256,6 @@ def _multirun_command(argv: Sequence[str] | None = None) -> bool:
     return any(a in ("-m", "--multirun") for a in (sys.argv[1:] if argv is None else argv))
 
 
-class JobStopped(CompactHydraException):
-    """A job of a multirun that a stop ended, in a launcher's worker process: an error the launcher records as
-    the job's failure (the other jobs come back too: a pool is not torn down under them), shown as its one line
-    when the multirun reports its first failure."""
-
-
 _depth = 0  # entry points running in this process
 
 
@@ -281,50 +274,54 @@ def one_line_errors(main: F) -> F:
             stops.mark_entry_process()
             _existed = None
         _depth += 1
+        multirun = not task and _multirun_command()
         try:
-            with stops.handled(multirun_parent=not task and _multirun_command(),
-                               also=_scheduler_signals() if task else ()):
+            with stops.handled(multirun_parent=multirun, also=stops.scheduler_signals() if task else ()):
                 try:
                     if stops.received() is not None:  # a stopped process starts nothing more (a pool's next job)
                         stops.forget_reports()
                         stops.report("this job was not started; the same command runs it")
                         raise stops.Stopped(stops.received())
                     with stops.job_running() if task and not stops.in_entry_process() else contextlib.nullcontext():
-                        return main(*args, **kwargs)
+                        result = main(*args, **kwargs)
                 except BaseException as error:
-                    _end(error, task)
+                    stopped = _end(error, task, multirun)
+                    if stopped is not None:
+                        return stopped  # a job in a launcher's worker: its record tells the multirun
                     raise
+                if multirun:
+                    job_stops.end_multirun()
+                return result
         finally:
             _depth -= 1
 
     return run  # type: ignore[return-value]
 
 
-def _scheduler_signals() -> tuple[int, ...]:
-    """In a job submitit runs (hydra/launcher=submitit_*, slurm_gpu): its signal of a time limit or a preemption
-    (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL names another), a stop like SIGTERM that is then handed on to
-    submitit, which requeues the job."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
-        return ()
-    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
-    return (sig,) if sig is not None else ()
-
-
-def _end(error: BaseException, task: bool) -> None:
-    """How an entry point ends on `error`: exits (SystemExit) with the command's status and line, raises what a
-    launcher must see, or returns to let `error` propagate."""
+def _end(error: BaseException, task: bool, multirun: bool = False) -> job_stops.StoppedJob | None:
+    """How an entry point ends on `error`: exits (SystemExit) with the command's status and line, returns a
+    stopped job's result for its launcher, or returns None to let `error` propagate."""
     signum = stops.signal_of(error)
     job = task and _in_multirun()
+    if multirun:  # a multirun's own process: its jobs that stopped in other processes
+        gathered = job_stops.gather()
+        if isinstance(error, (Exception, SystemExit)):  # a job failed, which Hydra has reported (exit 1), or a bug
+            if stops.received() or gathered:
+                print(stops.line(stops.received() or gathered), file=sys.stderr, flush=True)
+            if isinstance(error, SystemExit) and stops.received() is not None:
+                sys.exit(stops.exit_status(stops.received()))
+            return None
+        signum = gathered if signum is None else signum
     if signum is not None:
         if isinstance(error, SystemExit) and not task:
-            sys.exit(stops.exit_status(signum))  # the line is out already (the run's, or the launcher's report)
+            sys.exit(stops.exit_status(signum))  # the line is out already (the run's)
         text = stops.line(signum)
         log.info("%s", text)
         if job:
             if stops.in_entry_process():
                 raise stops.Stopped(signum) from None  # jobs run here (basic launcher): the multirun stops
             stops.hand_off(signum)  # submitit's time limit or preemption: it requeues the job (and exits)
-            raise JobStopped(text) from None  # the launcher records this job failed and gathers the others
+            return job_stops.record(signum)  # the launcher gathers the other jobs; the multirun says the line
         print(text, file=sys.stderr, flush=True)
         sys.exit(stops.exit_status(signum))
     if not isinstance(error, Exception):

@@ -92,10 +92,14 @@ def forget_reports() -> None:
     _state.reports.clear()
 
 
+def what() -> str:
+    """What the stop ended and how the same command goes on."""
+    return "; ".join(_state.reports) or "no run was in progress; the same command does what is not done yet"
+
+
 def line(signum: int) -> str:
     """The one console line of a stopped command."""
-    what = "; ".join(_state.reports) or "no run was in progress; the same command does what is not done yet"
-    return f"stopped by {name(signum)}: {what}"
+    return f"stopped by {name(signum)}: {what()}"
 
 
 def signal_of(error: BaseException) -> int | None:
@@ -164,6 +168,16 @@ def handled(multirun_parent: bool = False, also: tuple[int, ...] = ()) -> Iterat
         for s, handler in previous.items():
             if handler is not signal.SIG_IGN:
                 signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def scheduler_signals() -> tuple[int, ...]:
+    """In a job submitit runs (hydra/launcher=submitit_*, slurm_gpu): its signal of a time limit or a preemption
+    (SIGUSR2 unless SUBMITIT_PREEMPT_SIGNAL names another), a stop like SIGTERM that is then handed on to
+    submitit, which requeues the job."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return ()
+    sig = getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+    return (sig,) if sig is not None else ()
 
 
 def hand_off(signum: int) -> None:
