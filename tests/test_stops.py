@@ -104,10 +104,12 @@ def test_an_entry_point_ends_a_stop_with_one_line_and_the_signals_status(capsys,
                    "command resumes it"]
 
 
-def test_jobs_stopped_in_other_processes_end_their_multirun_with_one_line(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("signalled", [True, False], ids=["multirun stopped", "jobs stopped alone"])
+def test_jobs_stopped_in_other_processes_end_their_multirun_with_one_line(tmp_path, capsys, monkeypatch, signalled):
     # What a launcher's workers (joblib, submitit) and the multirun's own process do, in one process: each stopped
     # job records what it stopped in the multirun's folder and returns; the multirun, once its launcher is done,
-    # says them in one line with the signal's status and removes the records.
+    # says them in one line with the signal's status and removes the records. The multirun's process was sent the
+    # SIGTERM itself (and handed it on), or the jobs were stopped alone (a scheduler's time limit).
     from hydra.core.hydra_config import HydraConfig
     from hydra.conf import HydraConf
     from hydra.types import RunMode
@@ -145,8 +147,12 @@ def test_jobs_stopped_in_other_processes_end_their_multirun_with_one_line(tmp_pa
     stops.forget_reports()
     assert capsys.readouterr().err == ""  # nothing from the jobs themselves
 
+    def launcher() -> None:  # the multirun's own process, SIGTERM'd while its launcher ran (stops._handle)
+        if signalled:
+            monkeypatch.setattr(stops._state, "received", signal.SIGTERM)
+
     with pytest.raises(SystemExit) as ended:
-        cli.one_line_errors(lambda: None)()  # the multirun's own process: its launcher came back
+        cli.one_line_errors(launcher)()
     assert ended.value.code == 143
     assert capsys.readouterr().err.splitlines() == [
         "stopped by SIGTERM: pre-training s0 at step 38 is recorded KILLED; pre-training s1 at step 6 is recorded "

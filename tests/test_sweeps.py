@@ -456,6 +456,10 @@ def test_a_sweep_whose_multirun_failed_exits_non_zero_and_records_why(tmp_path, 
     (record,) = client.search_runs([client.get_experiment_by_name(ctx.experiment).experiment_id],
                                    filter_string="tags.kind = 'sweep'")
     assert record.info.status == "FAILED" and "pretrain multirun exited with 1" in record.data.tags["end_reason"]
+    # A job that a scheduler stopped (its multirun exits 143): the sweep fails and says so.
+    monkeypatch.setattr(runner, "launch", lambda cmd, dry_run, watch=None: 143)
+    assert "the pretrain multirun exited with 143 (a job was stopped by SIGTERM)" in runner.run_sweep(
+        ctx, phases=["pretrain"]).failure
     monkeypatch.setattr(runner, "launch", lambda cmd, dry_run, watch=None: 0)
     assert runner.run_sweep(ctx, phases=["pretrain"]).failure is None
 

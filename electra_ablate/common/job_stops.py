@@ -87,7 +87,8 @@ def end_multirun() -> None:
     and the stop's status (128 + the signal)."""
     import sys
 
-    signum = stops.received() or gather()
+    gathered = gather()  # always: the records are what the line says, also when this process was signalled
+    signum = stops.received() or gathered
     if signum is not None:
         print(stops.line(signum), file=sys.stderr, flush=True)
         sys.exit(stops.exit_status(signum))

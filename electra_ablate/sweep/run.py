@@ -86,9 +86,12 @@ class SweepResult:
         failed = [r for r in self.phases if r.returncode]
         if not failed:
             return None
-        return ("; ".join(f"the {r.name} multirun exited with {r.returncode}" for r in failed)
-                + ": a job failed or could not run (the multirun's output and the report say which); run the "
-                "same command again once it is fixed: finished work is skipped")
+        def what(code: int) -> str:  # 128 + a signal: one of its jobs was stopped (a scheduler's time limit)
+            return f" (a job was stopped by {stops.name(code - 128)})" if code - 128 in stops.SIGNALS else ""
+
+        return ("; ".join(f"the {r.name} multirun exited with {r.returncode}{what(r.returncode)}" for r in failed)
+                + ": a job failed, was stopped or could not run (the multirun's output and the report say which); "
+                "run the same command again once it is fixed: finished work is skipped")
 
 
 def run_pretrain_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_run: bool) -> PhaseResult:
