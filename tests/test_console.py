@@ -60,10 +60,11 @@ def test_the_verbose_flag_leaves_hydra_its_arguments_and_reaches_the_jobs(monkey
 
 
 def test_a_phase_shows_progress_and_warnings_and_keeps_the_rest_in_its_log(tmp_path, capsys, monkeypatch):
-    """A stand-in multirun: two jobs that end through console.job, one library line and one warning."""
+    """A stand-in multirun: three jobs that end through console.job (done, failed, stopped), one library line and one
+    warning."""
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
     script = textwrap.dedent("""
-        from electra_ablate.common import console
+        from electra_ablate.common import console, stops
         print("GPU available: False, used: False", flush=True)
         with console.job("electra-s0"):
             print("warning: the run goes over its corpus 80 times", flush=True)
@@ -72,9 +73,14 @@ def test_a_phase_shows_progress_and_warnings_and_keeps_the_rest_in_its_log(tmp_p
                 raise RuntimeError("boom")
         except RuntimeError:
             print("Traceback: boom", flush=True)
+        try:
+            with console.job("electra-s1"):
+                raise stops.Stopped(15)
+        except stops.Stopped:
+            pass
         raise SystemExit(1)
     """)
-    watch = PhaseConsole("pretrain", 2, tmp_path / "multirun" / "console.log", verbose=False)
+    watch = PhaseConsole("pretrain", 3, tmp_path / "multirun" / "console.log", verbose=False)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", script], **watch.popen_kwargs(env))
     watch.start(proc)
@@ -83,8 +89,9 @@ def test_a_phase_shows_progress_and_warnings_and_keeps_the_rest_in_its_log(tmp_p
     shown = "\n".join(line for line in out.splitlines() if not line.startswith("  | "))  # less the log's end
     assert "GPU available" not in shown
     assert "warning: the run goes over its corpus 80 times" in out
-    assert "  pretrain 1/2: electra-s0," in out and "  pretrain 2/2: bert-s0 (failed)," in out
-    assert "pretrain: 1/2 job(s) done, 1 failed in " in out
+    assert "  pretrain 1/3: electra-s0," in out and "  pretrain 2/3: bert-s0 (failed)," in out
+    assert "  pretrain 3/3: electra-s1 (stopped)," in out  # its run is KILLED and resumes: not a failure
+    assert "pretrain: 1/3 job(s) done, 1 failed, 1 stopped in " in out
     assert "  | Traceback: boom" in out  # the log's end, shown because the multirun failed
     log = (tmp_path / "multirun" / "console.log").read_text()
     assert "GPU available: False" in log and "Traceback: boom" in log

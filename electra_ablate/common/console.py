@@ -136,13 +136,17 @@ def _append(record: dict) -> None:
 @contextlib.contextmanager
 def job(name: str):
     """Around one job of a multirun: its heartbeats (`heartbeat`) carry `name`, and when it ends
-    `{"job", "status", "seconds"}` is appended to the sweep runner's progress file, if there is one."""
+    `{"job", "status", "seconds"}` is appended to the sweep runner's progress file, if there is one: "done",
+    "stopped" (a signal or Ctrl-C: its run resumes) or "failed"."""
     tic = time.perf_counter()
     status = "failed"
     token = _job.set(name)
     try:
         yield
         status = "done"
+    except KeyboardInterrupt:  # stops.Stopped is one
+        status = "stopped"
+        raise
     finally:
         _job.reset(token)
         _append({"job": name, "status": status, "seconds": round(time.perf_counter() - tic, 1)})

@@ -17,7 +17,7 @@ import os
 import subprocess
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,9 +109,9 @@ class PhaseConsole:
             self._threads[1].join(timeout=10)
         with self._poll_lock:
             self._report_new()
-        failed = sum(1 for r in self.seen if r.get("status") != "done")
-        summary = f"{self.phase}: {len(self.seen) - failed}/{self.launched} job(s) done"
-        summary += f", {failed} failed" if failed else ""
+        ended = Counter(r.get("status") for r in self.seen)
+        summary = f"{self.phase}: {ended.pop('done', 0)}/{self.launched} job(s) done"
+        summary += "".join(f", {n} {status}" for status, n in sorted(ended.items(), key=str))
         self._say(f"{summary} in {duration(self.clock() - self._tic)}")
         with self._lock:
             if self._log is not None:
