@@ -424,9 +424,6 @@ COMMANDS: dict[str, Smoke | Skip] = {
     "hydra/launcher=joblib hydra.launcher.n_jobs=2":
         Skip("the 30k sweep's fine-tuning of its finished checkpoints, after hours of pre-training; every job's config "
              "composes (test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
-    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k scale=tiny hydra/launcher=joblib "
-    "hydra.launcher.n_jobs=2": Skip("the 30k sweep at its default scale, named: hours of two cores; every job's config "
-                                    "composes (test_documented_command_composes)"),
     "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long hydra/launcher=joblib hydra.launcher.n_jobs=2":
         Skip("the long run: about 15 core-hours of pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py checks its budget and checkpoints"),

@@ -303,3 +303,21 @@ def test_a_cell_fed_by_reports_on_other_tasks_names_each(tmp_path, report):
                         cells[2]), cells[2]
     (sane,) = [line for line in short if line.startswith(f"| {holds.SANITY}")]
     assert " on SST-2" in sane and " on GLUE-2: CoLA, MRPC" in sane, sane
+
+
+def test_the_spread_over_pre_training_seeds_is_each_seeds_glue_of_medians(report):
+    text, _, _, data, _ = report
+    table = rows(text, "Spread over pre-training seeds")
+    assert table[0] == ["variant", "pre-training seed", "CoLA", "MRPC", "GLUE-2", "runs"]
+    body = {(r[0], r[1]): r for r in table[1:]}
+    # electra and bert have two pre-training seeds each; scratch, not pre-trained, has none and no row.
+    assert list(body) == [("electra", "0"), ("electra", "1"), ("bert", "0"), ("bert", "1")]  # the sweep's order
+    final = data.scores[data.scores["final"].astype(bool)]
+    glue = {}
+    for (variant, seed), row in body.items():
+        runs = final[(final.variant == variant) & (final.pretrain_seed == int(seed))]
+        medians = [runs[runs.task == t]["score"].median() for t in ("cola", "mrpc")]
+        glue[(variant, seed)] = np.mean(medians)
+        assert row[2:] == [f"{medians[0]:.1f}", f"{medians[1]:.1f}", f"**{glue[(variant, seed)]:.1f}**", "4"]
+    span = abs(glue[("electra", "0")] - glue[("electra", "1")])
+    assert f"electra {span:.1f}" in text.split("## Spread over pre-training seeds")[1].split("\n\n")[1]

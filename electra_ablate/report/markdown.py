@@ -1,5 +1,6 @@
-"""The report's markdown: the main GLUE table beside the paper's numbers, the spread over fine-tuning seeds,
-expected best-of-n scores, learning curves, verdicts, failed and missing runs and how it was produced.
+"""The report's markdown: the main GLUE table beside the paper's numbers, the spread over fine-tuning seeds and over
+pre-training seeds, expected best-of-n scores, learning curves, verdicts, failed and missing runs and how it was
+produced.
 
 Every table counts each arm's degenerate runs (report/predictions.py: dev predictions of a single class),
 an arm degenerate in every run is named at the top and never ranked, and a ranking groups the arms whose
@@ -21,7 +22,7 @@ from electra_ablate.report.collect import SweepData
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
 from electra_ablate.report.curves import learning_section, short_glue
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of
+from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of, pretrain_seed_glue
 from electra_ablate.report.tables import TASK_NAMES, fmt, signed, table
 
 def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
@@ -40,6 +41,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
     else:
         out += _glue_section(spec, summary, health, figures, paper)
         out += _spread_section(spec, summary, health)
+        out += _pretrain_seed_section(data, summary)
         out += _expected_max_section(summary, figures)
     if "generator_size" in figures:
         out += ["## Generator size (paper Figure 3, left)", "",
@@ -242,6 +244,26 @@ def _spread_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr
     elif dead:
         out += [f"No ranking: {f'only {ranked[0]} has' if ranked else 'no arm has'} runs that learn ({left_out}).", ""]
     return out
+
+
+def _pretrain_seed_section(data: SweepData, summary: Summary) -> list[str]:
+    """Each arm's task medians and GLUE per pre-training seed, where an arm has more than one."""
+    final = data.scores[data.scores["final"].astype(bool)]
+    by_seed = pretrain_seed_glue(final, summary.tasks)
+    if not len(by_seed):
+        return []
+    order = {v.label: i for i, v in enumerate(data.ctx.spec.variants)}
+    by_seed = by_seed.sort_values(["variant", "pretrain_seed"], key=lambda c: c.map(order) if c.name == "variant" else c)
+    glue_name = short_glue(summary.tasks)
+    rows = [[r["variant"], int(r["pretrain_seed"]), *(fmt(r[t]) for t in summary.tasks), f"**{fmt(r['glue'])}**",
+             int(r["n"])] for r in by_seed.to_dict("records")]
+    spans = [f"{v} {fmt(g['glue'].max() - g['glue'].min())}" for v, g in by_seed.groupby("variant", sort=False)]
+    return ["## Spread over pre-training seeds", "",
+            "The same medians as the GLUE table, per pre-training seed: each task's median over the fine-tuning runs of "
+            "one seed's checkpoint (random initialisation: of one initialisation seed), and their GLUE score. A "
+            "difference between arms smaller than the spread between one arm's seeds is one a single pre-training seed "
+            f"cannot show. Spread of {glue_name} (largest - smallest seed): {', '.join(spans)} points.", "",
+            table(["variant", "pre-training seed", *(TASK_NAMES[t] for t in summary.tasks), glue_name, "runs"], rows), ""]
 
 
 def _expected_max_section(summary: Summary, figures: Mapping[str, str]) -> list[str]:

@@ -39,6 +39,25 @@ def per_seed_glue(scores: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame({"variant": wide.index.get_level_values("variant"), "glue": glue_scores})
 
 
+def pretrain_seed_glue(final: pd.DataFrame, tasks: Sequence[str]) -> pd.DataFrame:
+    """Per (variant, pre-training seed) of the variants pre-trained with more than one seed: each task's median over
+    the fine-tuning runs of that seed's checkpoint, their GLUE score ("glue") and the number of runs ("n"), so that
+    a reader sees how far one pre-trained encoder lies from another beside how far the arms lie apart."""
+    columns = ["variant", "pretrain_seed", *tasks, "glue", "n"]
+    if not len(final) or not tasks:
+        return pd.DataFrame(columns=columns)
+    several = final.groupby("variant")["pretrain_seed"].nunique()
+    runs = final[final["variant"].isin(several[several > 1].index) & final["task"].isin(tasks)]
+    if not len(runs):
+        return pd.DataFrame(columns=columns)
+    medians = runs.pivot_table(index=["variant", "pretrain_seed"], columns="task", values="score", aggfunc="median")
+    medians = medians.reindex(columns=list(tasks))
+    out = medians.reset_index()
+    out["glue"] = [glue_of(row) for row in medians.to_dict("records")]
+    out["n"] = runs.groupby(["variant", "pretrain_seed"]).size().reindex(medians.index).to_numpy()
+    return out[columns]
+
+
 def glue_of(medians: Mapping[str, float]) -> float | None:
     """The GLUE score (paper: mean over tasks, WNLI left out) of per-task medians; None when empty."""
     per_task = {t: v for t, v in medians.items() if not is_missing(v)}
