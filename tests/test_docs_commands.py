@@ -428,6 +428,9 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("the long run: about 15 core-hours of pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py checks its budget and checkpoints"),
     "python -m electra_ablate.sweep sweep=cpu_long dry_run=true": Smoke(check=check_long_dry_run),
+    'OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long "phases=[finetune,report]"':
+        Skip("the long run's fine-tuning of the checkpoints it has saved, beside its pre-training; every job's config "
+             "composes (test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
     ("python -m electra_ablate.sweep sweep=quick \"pretrain_overrides=['runtime.precision=32-true']\" "
      "\"finetune_overrides=['runtime.precision=32-true']\""):
         Skip("the README's main job at fp32 (12 minutes of two cores); its smoke (sweep=quick) runs the same job, and "
