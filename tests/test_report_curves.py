@@ -152,6 +152,34 @@ def test_the_figure_draws_the_band_and_the_papers_fractions_dashed(long_sweep):
         _pyplot().close(fig)
 
 
+def test_a_curve_of_first_checkpoints_alone_keeps_a_readable_flops_axis(long_sweep):
+    """Beside a long pre-training only each run's first checkpoint may be fine-tuned, at nearly equal FLOPs: the FLOPs
+    axis still spans a decade, so that its tick labels stay apart."""
+    from electra_ablate.report.figures import _pyplot, learning_curves_drawing
+
+    spec, data = long_sweep
+    full = data()
+    first = full.scores[full.scores["fraction"] == FRACTIONS[0]]
+    fig = learning_curves_drawing(SweepData(full.ctx, [], [], first.reset_index(drop=True), [], pd.DataFrame(),
+                                            flops=full.flops))
+    try:
+        low, high = fig.axes[0].get_xlim()
+        points = [FLOPS[v] * FRACTIONS[0] for v in FLOPS]
+        assert high / low == pytest.approx(10.0) and low < min(points) <= max(points) < high
+        fig.canvas.draw()  # labelled at powers of ten alone: one in view at least, no minor tick labelled
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+        assert labels and all("times" not in t for t in labels), labels
+        assert not [t.get_text() for t in fig.axes[0].get_xticklabels(minor=True) if t.get_text()]
+    finally:
+        _pyplot().close(fig)
+    fig = learning_curves_drawing(full)  # the whole run spans 32x: left as matplotlib draws it
+    try:
+        low, high = fig.axes[0].get_xlim()
+        assert high / low > 32
+    finally:
+        _pyplot().close(fig)
+
+
 def load_paper():
     from electra_ablate.report.paper import load_paper_results
 

@@ -130,7 +130,7 @@ def learning_curves_drawing(data: SweepData):
             axis.axhspan(low, high, color="0.5", alpha=0.15, lw=0)
     tasks = curve_tasks(data)
     score = TASK_NAMES[tasks[0]] if len(tasks) == 1 else short_glue(tasks)
-    ax.set_xscale("log")
+    _flops_axis(ax, curve["flops"])
     ax.set_xlabel("pre-training FLOPs (paper accounting)")
     ax.set_ylabel(f"{score} dev (median)")
     ax.set_title(f"{score} vs pre-training compute")
@@ -141,6 +141,21 @@ def learning_curves_drawing(data: SweepData):
         a.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _flops_axis(axis, values) -> None:
+    """A log FLOPs axis labelled at powers of ten alone: spanning less than two decades, matplotlib labels its minor
+    ticks too (2x, 3x, 4x, 6x) and on a half-width panel they run into one another. Points within a factor of 10 of
+    one another (a run's first checkpoints alone, at nearly equal FLOPs) get a decade around their geometric middle,
+    so that a power of ten, and its label, is always in view."""
+    import matplotlib.ticker as ticker
+
+    axis.set_xscale("log")
+    axis.xaxis.set_minor_formatter(ticker.NullFormatter())
+    values = [float(v) for v in values if v and v > 0]
+    if values and max(values) / min(values) < 10.0:
+        middle = float(np.sqrt(min(values) * max(values)))
+        axis.set_xlim(middle / np.sqrt(10.0), middle * np.sqrt(10.0))
 
 
 def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
@@ -171,7 +186,7 @@ def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
             shown.add(label)
         if metric == "disc_auc":
             ax.axhline(0.5, ls=":", color="0.4", label="chance")
-        ax.set_xscale("log")
+        _flops_axis(ax, curves.loc[curves["metric"] == metric, "flops"])
         ax.set_xlabel("pre-training FLOPs (paper accounting)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)
