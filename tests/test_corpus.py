@@ -7,9 +7,13 @@ import gzip
 import json
 import logging
 import lzma
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +251,88 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's new parent may be slow to reap it, or never do so in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_tokenizer_workers_die_with_a_build_killed_outright(reference, tmp_path):
+    # SIGKILL skips the pool's own terminate. A worker waiting on the task queue sees its end only when every
+    # process holding the queue open is gone, and one may not be (here a forked sleeper stands for a stuck
+    # sibling): the workers must go with their parent all the same.
+    path, _ = reference
+    code = ("import multiprocessing, os, signal, sys, time\n"
+            "from electra_ablate.data import corpus_build as C\n"
+            "from electra_ablate.data.corpus_files import TextFiles\n"
+            "def hook(index):\n"
+            "    if index == 1:\n"
+            "        workers = ' '.join(str(p.pid) for p in multiprocessing.active_children())\n"
+            "        holder = os.fork()\n"
+            "        if holder == 0:\n"
+            "            null = os.open(os.devnull, os.O_WRONLY)\n"
+            "            os.dup2(null, 1), os.dup2(null, 2)\n"
+            "            time.sleep(120)\n"
+            "            os._exit(0)\n"
+            "        print(holder, workers, flush=True)\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "C._on_shard_done = hook\n"
+            "C.build_or_load_corpus(TextFiles([sys.argv[1]], 'text'), vocab_file=sys.argv[2], cache_dir=sys.argv[3],"
+            " max_seq_length=64, workers=2, shard_chars=12_000)\n")
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:  # a file, not a pipe: the workers and the holder inherit it, and a pipe would wait
+        done = subprocess.run([sys.executable, "-c", code, str(path), str(VOCAB), str(tmp_path)], stdout=f,
+                              stderr=subprocess.STDOUT, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == -9, out.read_text()[-2000:]
+    holder, *workers = [int(pid) for pid in out.read_text().split()]
+    try:
+        assert len(workers) == 2, out.read_text()
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _running(pid)]
+    finally:
+        os.kill(holder, signal.SIGKILL)
+
+
+_TOKENIZE_SHARD = W.tokenize_shard
+
+
+def _dies_at_shard_1(index, *args):
+    """A tokenizer process killed outright (out of memory, say) while it tokenizes shard 1."""
+    if index == 1:
+        os._exit(1)
+    return _TOKENIZE_SHARD(index, *args)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="workers see the patch by fork")
+def test_a_tokenizer_process_that_dies_fails_the_build_instead_of_hanging(reference, tmp_path, monkeypatch):
+    path, ref = reference
+    monkeypatch.setattr(W, "tokenize_shard", _dies_at_shard_1)
+    outcome = []
+    build_thread = threading.Thread(target=lambda: outcome.append(_raised(build, [path], tmp_path, workers=2)),
+                                    daemon=True)
+    build_thread.start()
+    build_thread.join(timeout=120)
+    assert not build_thread.is_alive(), "the build still waits on the dead process's shard"
+    (error,) = outcome
+    assert isinstance(error, DataError) and "died while tokenizing shard 1" in str(error), error
+    assert list((tmp_path / "pretrain").iterdir()) == []
+    monkeypatch.setattr(W, "tokenize_shard", _TOKENIZE_SHARD)
+    assert_same_examples(ref, build([path], tmp_path, workers=2))  # and a second run resumes it
+
+
+def _raised(fn, *args, **kwargs) -> BaseException | None:
+    try:
+        fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - handed to the test thread to judge
+        return e
+    return None
 
 
 def test_only_the_shard_temporaries_of_killed_writers_are_removed(tmp_path):

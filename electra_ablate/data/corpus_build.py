@@ -22,6 +22,8 @@ import os
 import random
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -87,16 +89,23 @@ def _worker_count(requested: int) -> int:
         return os.cpu_count() or 1
 
 
-def _start_pool(workers: int, tokenizer_json: str):
+def _start_pool(workers: int, tokenizer_json: str) -> ProcessPoolExecutor:
     """Tokenizer worker processes. Forked where the platform can (spawned workers would import the main
-    module, torch and Lightning included, seconds per worker); tokenizers' own threads are off in them."""
+    module, torch and Lightning included, seconds per worker); tokenizers' own threads are off in them, and
+    each dies with this process (`W.die_with_parent`). An executor rather than a `multiprocessing.Pool`: a
+    worker that dies mid-shard (killed, out of memory) breaks it with an error instead of leaving the shard's
+    result to be waited on for ever."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     previous = os.environ.get("TOKENIZERS_PARALLELISM")
     # Set while forking, so tokenizers does not warn that a process using its thread pool was forked.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return multiprocessing.get_context(method).Pool(workers, initializer=W.init_worker,
-                                                        initargs=(tokenizer_json,))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                                   initializer=W.init_worker, initargs=(tokenizer_json, os.getpid()))
+        # The executor starts its workers on demand; start them all now, while the variable above is set.
+        for future in [pool.submit(os.getpid) for _ in range(workers)]:
+            future.result()
+        return pool
     finally:
         if previous is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
@@ -266,7 +275,13 @@ class _Assembly:
                 while len(pending) > until:
                     index, result = pending.popleft()
                     if result is not None:
-                        result.get()
+                        try:
+                            result.result()
+                        except BrokenProcessPool as e:
+                            raise DataError(
+                                f"A tokenizer process of the corpus build died while tokenizing shard {index} "
+                                f"(killed, or out of memory?). Run again: the shards finished are kept and read back; "
+                                f"+data.build_workers=1 uses less memory.") from e
                     self.assemble(index, tokenized_now=result is not None)
 
             for index, lines in enumerate(corpus_shards):
@@ -276,8 +291,8 @@ class _Assembly:
                     W.tokenize_shard(index, lines, str(self.shard_dir), self.dtype.name, tokenizer)
                     pending.append((index, _Done()))
                 else:
-                    pending.append((index, pool.apply_async(W.tokenize_shard, (index, lines, str(self.shard_dir),
-                                                                                self.dtype.name))))
+                    pending.append((index, pool.submit(W.tokenize_shard, index, lines, str(self.shard_dir),
+                                                       self.dtype.name)))
                 del lines
                 drain(limit - 1)
             drain(0)
@@ -287,14 +302,13 @@ class _Assembly:
             self.writer.abort()
             raise
         finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
+            if pool is not None:  # shards being tokenized finish (a few seconds each) and are kept for a resume
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Done:
     """A result already computed in this process (no worker pool)."""
 
-    def get(self) -> None:
+    def result(self) -> None:
         return None
 
