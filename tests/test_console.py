@@ -204,6 +204,30 @@ def test_a_resumed_job_reports_its_true_step_and_the_rate_of_the_steps_it_ran_si
     assert resumed[0]["seconds_per_step"] is None and {r["seconds_per_step"] for r in resumed[1:]} == {2.0}
 
 
+def test_a_paused_job_s_time_left_ignores_the_pause_and_follows_a_lasting_slow_down(tmp_path, monkeypatch):
+    """The Heartbeat callback on a clock that makes every step 2 s, stops the process for 21 minutes after step 30
+    (SIGSTOP, as fine-tuning on both cores does to a long run) and from step 100 makes every step 4 s (a job beside)."""
+    from types import SimpleNamespace
+
+    from electra_ablate.training.heartbeat import Heartbeat
+
+    progress = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(console.PROGRESS_ENV, str(progress))
+    now, trainer = 0.0, SimpleNamespace(is_global_zero=True, global_step=0, estimated_stepping_batches=200)
+    beat = Heartbeat(every_s=10.0, clock=lambda: now)
+    with console.job("bert-s0"):
+        for step in range(1, 201):
+            now += (2.0 if step <= 100 else 4.0) + (1260.0 if step == 31 else 0.0)
+            trainer.global_step = step
+            beat.on_train_batch_end(trainer, None, None, None, step - 1)
+    records = [json.loads(line) for line in progress.read_text().splitlines()]
+    rates = {r["step"]: r["seconds_per_step"] for r in records if "step" in r}
+    # The interval with the pause in it is one of ten: the median leaves it out (their mean gave 27-44 s a step).
+    assert {rates[s] for s in rates if 1 < s <= 100} == {2.0}
+    # A lasting slow-down shows once it fills most of the window's intervals (here within 30 steps of it).
+    assert rates[max(rates)] == 4.0 and min(s for s in rates if rates[s] == 4.0) <= 130
+
+
 def test_outside_a_sweep_the_heartbeat_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv(console.PROGRESS_ENV, raising=False)
     assert not console.reporting()

@@ -2,14 +2,17 @@
 
 A Lightning callback that appends `{job, step, total, seconds_per_step}` to the sweep's progress file
 (common/console.py `heartbeat`) at most every half of the console's interval: its global step (after a resume, the
-step it resumed from plus what it has run since), the steps the trainer will run in all, and the mean seconds per
-step over this process's recent steps. The first step of the process is left out of the mean (start-up,
-compilation, the data loader's first batch), and so is the time before a resume. Outside a sweep it does nothing;
-it reads no tensor and draws no random number, so a run's results are the same with it or without it.
+step it resumed from plus what it has run since), the steps the trainer will run in all, and the seconds per step
+over this process's recent steps: the median over its last intervals between reports, so that one slow interval (the
+process paused with SIGSTOP or Ctrl-Z, a checkpoint written, an evaluation) does not stretch the time left. The first
+step of the process is left out (start-up, compilation, the data loader's first batch), and so is the time before a
+resume. Outside a sweep it does nothing; it reads no tensor and draws no random number, so a run's results are the
+same with it or without it.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,8 +21,9 @@ import pytorch_lightning as pl
 
 from electra_ablate.common import console
 
-# The mean seconds per step is taken over the last RATE_WINDOW heartbeats (5 minutes at the default interval):
-# recent enough to follow a change of load on a shared machine, long enough not to jump with each checkpoint.
+# The seconds per step is the median over the last RATE_WINDOW intervals between heartbeats (5 minutes at the default
+# interval): recent enough to follow a lasting change of load on a shared machine within half of that, and blind to
+# a single interval that a pause or a checkpoint stretched.
 RATE_WINDOW = 10
 
 
@@ -44,8 +48,9 @@ class Heartbeat(pl.Callback):
             self.every_s = console.progress_every() / 2
         step = int(trainer.global_step)
         self.samples.append((now, step))
-        first_time, first_step = self.samples[0]
-        rate = (now - first_time) / (step - first_step) if step > first_step else None
+        points = list(self.samples)
+        rates = [(t1 - t0) / (s1 - s0) for (t0, s0), (t1, s1) in zip(points, points[1:]) if s1 > s0]
+        rate = statistics.median(rates) if rates else None
         console.heartbeat(step, self.total(trainer), rate)
         self._due = now + self.every_s
 
