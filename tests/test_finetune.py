@@ -228,6 +228,46 @@ def test_random_init_takes_shape_and_vocabulary_from_the_checkpoint_and_fresh_we
         finetuning.run(config(tmp_path, uri, exp, "pretrained=none", "random_init=true", *overrides))
 
 
+def test_a_random_init_run_is_the_same_run_whichever_checkpoint_of_its_run_lends_the_shape(store, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """A long run's random-init arm is fine-tuned from its first saved checkpoint while the run goes on; once the
+    run has finished, the same job from its final checkpoint is that run, not a new one."""
+    client, uri = store
+    exp = "random-init-step"
+    tracking.setup(uri, exp)
+    run = tracking.RunLogger.start(client, exp, "bert-s0", {"kind": "pretrain", "seed": "0"})
+    torch.manual_seed(1)  # the two checkpoints hold different weights
+    early = save_pretrained(tmp_path / "pre" / "step_5", ElectraForPretraining(TINY, disc_head=True), VOCAB,
+                            {"run_id": run.run_id, "step": 5, "model_name": "tiny"})
+    final = save_tiny(tmp_path / "pre" / "final", run_id=run.run_id, step=10, model_name="tiny")
+    run.set_tags({"checkpoint_path": str(final), "checkpoints": json.dumps({"5": str(early), "10": str(final)})})
+    run.finish()
+    overrides = [f"pretrained={run.run_id}", "random_init=true", "task=rte", "glue_data.max_train_examples=16",
+                 "glue_data.max_eval_examples=16", "task.epochs=1"]
+    from_early, from_final = (config(tmp_path, uri, exp, *overrides, *step) for step in (["pretrained_step=5"], []))
+
+    def state(cfg):
+        return finetune_source.resolve_pretrained(cfg, client).make_encoder().state_dict()
+
+    early_state, final_state = state(from_early), state(from_final)
+    assert all(torch.equal(early_state[k], v) for k, v in final_state.items())
+    trained = [finetune_source.resolve_pretrained(c, client).make_encoder  # the checkpoints' own weights differ
+               for c in (config(tmp_path, uri, exp, *overrides[:1], "pretrained_step=5"),
+                         config(tmp_path, uri, exp, *overrides[:1]))]
+    assert not torch.equal(*(m().state_dict()["embeddings.word_embeddings.weight"] for m in trained))
+
+    def identity_of(cfg):
+        return tracking.config_hash(finetuning.run_identity(cfg, cfg.task, run.run_id))
+
+    assert identity_of(from_early) == identity_of(from_final)
+    trained_ids = [identity_of(config(tmp_path, uri, exp, *overrides[:1], *s)) for s in (["pretrained_step=5"], [])]
+    assert trained_ids[0] != trained_ids[1]  # a pre-trained checkpoint's step is part of its runs
+    score = finetuning.run(from_early)
+    monkeypatch.setattr(finetuning, "train_task", lambda *a, **k: pytest.fail("fine-tuned a finished run again"))
+    assert finetuning.run(from_final) == score
+    assert "already done in FINISHED run" in capsys.readouterr().out
+
+
 # --- layer-wise learning rates and the protocol ---------------------------------------------------------
 
 # lr 1e-3, decay 0.8, 4 layers, computed by hand: the reference's head depth is n_layers + 2 = 6.

@@ -50,9 +50,9 @@ HALF = {"electra": {"rte": [58.0, 59.0, 57.0], "mrpc": [70.0, 71.0, 72.0]},
         "bert": {"rte": [50.0, 52.0, 51.0], "mrpc": [69.0, 69.5, 70.0]}}
 
 
-def make_context(tmp_path: Path, data_dir: Path) -> compose.SweepContext:
+def make_context(tmp_path: Path, data_dir: Path, sweep_file: str = SWEEP_FILE) -> compose.SweepContext:
     path = tmp_path / "mini.yaml"
-    path.write_text(SWEEP_FILE)
+    path.write_text(sweep_file)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "outputs" / "cache")}
     return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db")
@@ -80,11 +80,13 @@ def pretrain_run(client, ctx, variant: str, status: str = "FINISHED", seed: int 
 
 
 def finetune_run(client, pretrain_id: str, variant: str, step: int, task: str, seed: int, score: float | None,
-                 status: str = "FINISHED", vocab: str | None = None, hashes: dict | None = None) -> str:
+                 status: str = "FINISHED", vocab: str | None = None, hashes: dict | None = None,
+                 random_init: bool = False) -> str:
     """A fine-tuning run of the grid's current config (`hashes`: hermetic.finetune_hash_of), else of another."""
     config_hash = (hashes or {}).get((variant, step, task, seed), f"other-{variant}{step}{task}{seed}")
     tags = {"kind": "finetune", "task": task, "seed": seed, "pretrain_run_id": pretrain_id, "pretrained_step": step,
-            "variant": variant, "sweep": "mini", "config_hash": config_hash, "git_commit": "abc123"}
+            "variant": variant, "sweep": "mini", "config_hash": config_hash, "git_commit": "abc123",
+            "random_init": str(random_init).lower()}
     run = start(client, tags, {tracking.PARAM_VOCAB_SHA256: vocab} if vocab else None)
     if score is not None:
         run.log_metrics({"final/score": score, "final/accuracy": score / 100}, 3)
@@ -235,6 +237,48 @@ def test_an_unfinished_run_is_fine_tuned_and_reported_at_the_checkpoints_it_save
     assert "fine-tuned only at the steps it saved (50 of 100)" in text.split("## Failed and missing runs")[1]
     # Its compute counts; replace_mlm's, with nothing reported, does not.
     assert re.search(r"pretrain \S+ (s|min|h) over 2 runs, 1 of them not finished \(their time so far\)", text)
+
+
+def test_a_long_run_s_random_init_arm_runs_from_its_first_checkpoint_and_stays_done_when_the_run_ends(tmp_path,
+                                                                                                    data_dir):
+    """The floor of a learning curve is there while the run goes on, and the run's end does not fine-tune it again."""
+    from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME
+    from electra_ablate.report.stats import random_init_bands
+    from electra_ablate.sweep.plan import finetune_plan
+
+    ctx = make_context(tmp_path, data_dir, SWEEP_FILE.replace("  replace_mlm: {objective: replace_mlm}\n",
+                                                              "  none: {random_init_of: bert}\n"))
+    client = tracking.setup(ctx.tracking_uri, "mini")
+    saved = {}
+    for name in ("bert/step_50", "bert/final"):
+        saved[name] = tmp_path / name
+        saved[name].mkdir(parents=True)
+        for file in (CONFIG_NAME, MODEL_NAME):
+            (saved[name] / file).write_text("{}")
+    bert = pretrain_run(client, ctx, "bert", status="KILLED", checkpoints={"50": str(saved["bert/step_50"])}, last_step=60)
+    todo, _, _ = finetune_plan(ctx, client)
+    going = {(c.variant, c.step, c.random_init) for c, _, _ in todo if c.run_id == bert}
+    assert going == {("bert", 50, False), ("none", 50, True)}  # the floor does not wait for the run's end
+    hashes = finetune_hash_of(ctx, client)
+    for task in ("rte", "mrpc"):
+        for seed in range(3):
+            finetune_run(client, bert, "bert", 50, task, seed, 55.0 + seed, hashes=hashes)
+            finetune_run(client, bert, "none", 50, task, seed, 50.0 + seed, hashes=hashes, random_init=True)
+    data = collect(ctx, client)
+    assert random_init_bands(data)["none"] == pytest.approx((51.0, 50.5, 51.5))
+    assert set(data.scores[data.scores["variant"] == "none"]["final"]) == {True}
+
+    # The run resumes and finishes in the same MLflow run; its final checkpoint joins.
+    client.set_tag(bert, "checkpoints", json.dumps({"50": str(saved["bert/step_50"]), "100": str(saved["bert/final"])}))
+    client.set_tag(bert, "checkpoint_path", str(saved["bert/final"]))
+    client.set_terminated(bert, "FINISHED")
+    todo, _, _ = finetune_plan(ctx, client)
+    assert {(c.variant, c.step, c.final) for c, _, _ in todo if c.run_id == bert} == {("bert", 100, True)}
+    assert finetune_hash_of(ctx, client)[("none", 100, "rte", 0)] == hashes[("none", 50, "rte", 0)]
+    data = collect(ctx, client)
+    none = data.scores[data.scores["variant"] == "none"]
+    assert len(none) == 6 and set(none["final"]) == {True}
+    assert random_init_bands(data)["none"] == pytest.approx((51.0, 50.5, 51.5))
 
 
 def test_learning_curves_use_flops_at_each_checkpoint(store, tmp_path):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -691,8 +692,36 @@ def test_a_finished_fine_tuning_run_counts_only_for_the_config_it_ran_with():
     assert matches(done, key) is old  # no config to compare: any finished run of the job
     assert matches(done, key, "b" * 16) is None  # e.g. the fine-tuning optimizer's defaults changed: run it again
     assert matches({key: [new, old]}, key, "a" * 16) is old
-    imported = FinetuneKey("variant:released", "", "sst2", 0)
-    assert matches({imported._replace(step="7"): [new]}, imported, "b" * 16) is new  # an import's step is its own
+
+
+def test_a_key_leaves_out_the_step_of_an_import_and_of_a_random_init_arm():
+    from electra_ablate.sweep.plan import finetune_key, key_of
+
+    imported = Checkpoint("released", None, None, None, True, None)
+    tags = {"seed": "0", "task": "sst2", "pretrain_run_id": "none", "variant": "released", "pretrained_step": "7"}
+    assert finetune_key(tags) == key_of(imported, "sst2", 0)  # an import's step is whatever the import reports
+    run = "a" * 32
+    early = Checkpoint("none", 0, run, 50, False, 0.5, random_init=True)
+    tags = {"seed": "0", "task": "sst2", "pretrain_run_id": run, "random_init": "true", "pretrained_step": "100"}
+    assert finetune_key(tags) == key_of(early, "sst2", 0)  # random weights: any checkpoint of the run, one job
+    trained = {**tags, "random_init": "false"}
+    assert finetune_key(trained) != key_of(early._replace(random_init=False), "sst2", 0)  # a checkpoint's own step
+    assert finetune_key(trained) == key_of(early._replace(random_init=False, step=100), "sst2", 0)
+
+
+def test_a_random_init_arm_takes_its_run_s_final_checkpoint_else_its_first_saved_one():
+    from electra_ablate.sweep.plan import random_init_checkpoints
+
+    spec = SimpleNamespace(variants=[SimpleNamespace(label="bert", random_init_of=None),
+                                     SimpleNamespace(label="none", random_init_of="bert")])
+    going = [Checkpoint("bert", 0, "a" * 32, step, False, step / 400) for step in (200, 50, 100)]
+    done = [Checkpoint("bert", 1, "b" * 32, 50, False, 0.125), Checkpoint("bert", 1, "b" * 32, 400, True, 1.0)]
+    other = [Checkpoint("electra", 0, "c" * 32, 25, False, 0.125)]
+    picked = {c.run_id: c for c in random_init_checkpoints(spec, going + done + other)}
+    assert set(picked) == {"a" * 32, "b" * 32}
+    assert (picked["a" * 32].step, picked["a" * 32].final) == (50, False)  # still going: its first checkpoint
+    assert (picked["b" * 32].step, picked["b" * 32].final) == (400, True)  # finished: its final one, as before
+    assert all(c.variant == "none" and c.random_init and c.arm_final for c in picked.values())
 
 
 def test_the_cpu_regime_sweep_uses_the_named_presets_at_equal_compute(tmp_path, data_dir):

@@ -55,7 +55,7 @@ class SweepData:
 
 
 def has_intermediate(checkpoints: Sequence[Checkpoint]) -> bool:
-    return any(not c.final for c in checkpoints)
+    return any(not c.arm_final for c in checkpoints)
 
 
 def _tags(row: pd.Series) -> dict[str, str]:
@@ -106,8 +106,6 @@ def collect(ctx: SweepContext, client) -> SweepData:
         key = finetune_key(_tags(row))
         if key is None:
             continue
-        if key.source.startswith("variant:"):
-            key = key._replace(step="")  # an imported model's step is whatever the import reports
         finished = row["status"] == "FINISHED" and (not is_missing(row.get("metrics.final/score"))
                                                     or "final/score" in client.get_run(row["run_id"]).data.metrics)
         (done if finished else failed).setdefault(key, []).append(row)
@@ -135,11 +133,12 @@ def collect(ctx: SweepContext, client) -> SweepData:
                     continue
                 undefined = is_missing(row.get("metrics.final/score"))
                 preds = load_run_predictions(client, row["run_id"], task)
-                if c.final:
+                if c.arm_final:
                     predictions[row["run_id"]] = preds
                 records.append({
                     "variant": c.variant, "pretrain_seed": c.pretrain_seed, "pretrain_run": c.run_id,
-                    "step": c.step, "fraction": c.fraction, "final": c.final, "task": task, "seed": seed,
+                    "step": c.step, "fraction": 1.0 if c.random_init else c.fraction, "final": c.arm_final,
+                    "task": task, "seed": seed,
                     "score": 0.0 if undefined else float(row["metrics.final/score"]), "run_id": row["run_id"],
                     "degenerate": is_degenerate(task, preds, undefined),
                 })

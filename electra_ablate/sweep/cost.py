@@ -232,12 +232,13 @@ def finetune_seconds(client, experiment: str) -> dict[str, list[float]]:
 
 def future_finetune_jobs(ctx: SweepContext, states: Sequence[PretrainState], tasks: Sequence[str]) -> dict[str, int]:
     """Fine-tuning jobs, by task, of the checkpoints the pre-training still to run will save (and of the
-    random-init arms shaped like its final ones)."""
+    random-init arms shaped like a run that has saved none yet: plan.random_init_checkpoints)."""
     per_task = 0
     for state in (s for s in states if s.needs_pretraining):
         saved = {c.fraction for c in saved_so_far(state, ctx.spec.checkpoints)}
         per_task += sum(1 for f in ctx.spec.checkpoints if f not in saved) * len(ctx.spec.seeds)
-        per_task += sum(1 for v in ctx.spec.variants if v.random_init_of == state.job.variant) * len(ctx.spec.seeds)
+        if not saved:
+            per_task += sum(1 for v in ctx.spec.variants if v.random_init_of == state.job.variant) * len(ctx.spec.seeds)
     return {t: per_task for t in tasks} if per_task else {}
 
 

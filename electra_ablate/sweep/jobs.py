@@ -23,6 +23,12 @@ class Checkpoint(NamedTuple):
     random_init: bool = False  # the run's architecture and vocabulary with fresh random weights
 
     @property
+    def arm_final(self) -> bool:
+        """Whether it is its arm's last point, the one verdicts read: a pre-training run's final checkpoint, a
+        `pretrained` model, or a random-init encoder (whichever of its run's checkpoints lent it the shape)."""
+        return self.final or self.random_init
+
+    @property
     def config_name(self) -> str:
         if self.run_id is None:
             return self.variant
@@ -42,8 +48,8 @@ RANDOM_SOURCE = "random:"  # FinetuneKey source prefix of random-init runs shape
 class FinetuneKey(NamedTuple):
     """What identifies a fine-tuning job within a sweep (its MLflow tags)."""
 
-    source: str  # pre-training run id, or `variant:<label>` for a `pretrained` variant
-    step: str  # pretrained_step tag
+    source: str  # pre-training run id, `random:<run id>` for a random-init arm, `variant:<label>` for `pretrained`
+    step: str  # pretrained_step tag; "" where the step is not the job's: see sweep.plan.finetune_key
     task: str
     seed: int
 

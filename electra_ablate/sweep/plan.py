@@ -115,31 +115,44 @@ def finetune_key(tags: Mapping[str, str]) -> FinetuneKey | None:
         source = f"variant:{tags.get(tracking.TAG_VARIANT, '')}"
     elif tags.get(tracking.TAG_RANDOM_INIT) == "true":
         source = RANDOM_SOURCE + source
-    return FinetuneKey(source, str(tags.get("pretrained_step", "")), tags.get("task", ""), seed)
+    return FinetuneKey(source, _key_step(source, str(tags.get("pretrained_step", ""))), tags.get("task", ""), seed)
 
 
 def key_of(ckpt: Checkpoint, task: str, seed: int) -> FinetuneKey:
-    return FinetuneKey(ckpt.source, "" if ckpt.run_id is None else str(ckpt.step), task, seed)
+    return FinetuneKey(ckpt.source, _key_step(ckpt.source, str(ckpt.step)), task, seed)
+
+
+def _key_step(source: str, step: str) -> str:
+    """The step as a key holds it: none for an imported model (its step is whatever the import reports) or a
+    random-init arm (it loads no weights, so every checkpoint of its run gives the same encoder)."""
+    return "" if source.startswith(("variant:", RANDOM_SOURCE)) else step
 
 
 def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> list[Checkpoint]:
-    """The random-init variants' checkpoints: one per final checkpoint of the variant each is shaped like."""
-    return [c._replace(variant=v.label, random_init=True)
-            for v in spec.variants if v.random_init_of is not None
-            for c in found if c.variant == v.random_init_of and c.final and not c.random_init]
+    """The random-init variants' checkpoints: per pre-training run of the variant each is shaped like, the run's
+    final checkpoint in `found`, else (a run still going) its first saved one. Only the shape and vocabulary are
+    read, the same at every step, so a long run's random-init arm is fine-tuned while the run goes on, and its
+    runs stay the arm's when the run has finished (their key and identity leave the step out)."""
+    out = []
+    for v in (v for v in spec.variants if v.random_init_of is not None):
+        pick: dict[str, Checkpoint] = {}
+        for c in found:
+            if c.variant != v.random_init_of or c.random_init or c.run_id is None:
+                continue
+            held = pick.get(c.run_id)
+            if held is None or (c.final, -c.step) > (held.final, -held.step):
+                pick[c.run_id] = c
+        out += [c._replace(variant=v.label, random_init=True) for c in pick.values()]
+    return out
 
 
 def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey,
             config_hash: str | Sequence[str] | None = None) -> Any:
     """The newest finished run for `key` (with `config_hash`, or any of these hashes, when given: a run of
-    another fine-tuning config, e.g. before the optimizer's defaults changed, is not this job); for `pretrained`
-    variants the step is whatever the import reported."""
+    another fine-tuning config, e.g. before the optimizer's defaults changed, is not this job)."""
     wanted = [config_hash] if isinstance(config_hash, str) else config_hash
-    if key.source.startswith("variant:"):
-        runs = [r for k, rs in done.items() if (k.source, k.task, k.seed) == (key.source, key.task, key.seed) for r in rs]
-    else:
-        runs = done.get(key, [])
-    return next((r for r in runs if wanted is None or r.data.tags.get(tracking.TAG_CONFIG_HASH) in wanted), None)
+    return next((r for r in done.get(key, []) if wanted is None or r.data.tags.get(tracking.TAG_CONFIG_HASH) in wanted),
+                None)
 
 
 def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dict[tuple[str, str, int], list[str]]:

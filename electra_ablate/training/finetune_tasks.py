@@ -108,6 +108,10 @@ def run_identity(cfg: DictConfig, task_cfg: DictConfig, spec: str) -> dict:
     ident["pretrained"] = spec
     if not ident.get("random_init"):
         ident.pop("random_init", None)  # the default leaves identities from before the option unchanged
+    else:
+        # Random weights: which checkpoint of the run lent the shape and vocabulary (the same at every step) is
+        # not part of the run; spelt as the final checkpoint's, as these identities were before any other.
+        ident["pretrained_step"] = None
     if spec != "none":
         ident.pop("model", None)  # the checkpoint decides the size
     return ident
