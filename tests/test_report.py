@@ -267,6 +267,11 @@ def test_a_long_run_s_random_init_arm_runs_from_its_first_checkpoint_and_stays_d
     data = collect(ctx, client)
     assert random_init_bands(data)["none"] == pytest.approx((51.0, 50.5, 51.5))
     assert set(data.scores[data.scores["variant"] == "none"]["final"]) == {True}
+    verdict_table = write_report(ctx, client, tmp_path / "reports").read_text().split("## Verdicts")[1]
+    row = next(line for line in verdict_table.splitlines() if "bert > none" in line)
+    assert "| not run | the end of bert's pre-training (KILLED in MLflow; the sweep resumes it) |" in row, row
+    row = next(line for line in verdict_table.splitlines() if "electra > none" in line)
+    assert "| not run | fine-tuning runs of electra |" in row, row  # never started: nothing to wait for
 
     # The run resumes and finishes in the same MLflow run; its final checkpoint joins.
     client.set_tag(bert, "checkpoints", json.dumps({"50": str(saved["bert/step_50"]), "100": str(saved["bert/final"])}))

@@ -98,7 +98,9 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
         if expected_max.figure(panels, titles, [v.label for v in ctx.spec.variants], staging / "expected_max.png"):
             figures["expected_max"] = f"{name}/expected_max.png"
     paper = load_paper_results()
-    results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions)
+    going = {s.job.variant: s.failed.info.status for s in data.pretrain if s.run is None and s.failed is not None}
+    waiting = {v: f"the end of {v}'s pre-training ({status} in MLflow; the sweep resumes it)" for v, status in going.items()}
+    results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions, waiting=waiting)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems,
                        summary.tasks, data.skipped)
     end = end_of_pretraining_section(ctx.spec, data.pretrain, paper, figures.get("pretraining_curves"))

@@ -188,11 +188,20 @@ def _per_task(claim: Claim, boot: mb.Bootstrap, runs: Mapping, health: Mapping, 
     return out
 
 
+def _needs(labels: Sequence[str], waiting: Mapping[str, str]) -> str:
+    """What a claim without final runs of `labels` needs: fine-tuning runs, or the end of a pre-training run."""
+    idle = [v for v in labels if v not in waiting]
+    return "; ".join(([f"fine-tuning runs of {', '.join(idle)}"] if idle else []) +
+                     [waiting[v] for v in labels if v in waiting])
+
+
 def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping | None = None,
              samples: int = mb.SAMPLES, seed: int = mb.SEED,
-             predictions: Mapping[str, mb.RunPredictions | None] | None = None) -> list[Verdict]:
+             predictions: Mapping[str, mb.RunPredictions | None] | None = None,
+             waiting: Mapping[str, str] | None = None) -> list[Verdict]:
     """One verdict per claim of the sweep, from its final-checkpoint runs (`final`: report score rows;
-    `predictions`: their dev predictions by run id, when already read)."""
+    `predictions`: their dev predictions by run id, when already read; `waiting`: per arm whose pre-training has
+    not finished, what its claims wait for instead of fine-tuning runs)."""
     todo = sweep_claims(spec, paper, claims)
     if not todo:
         return []
@@ -204,8 +213,7 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
         missing = [v for v in labels if not runs[v]]
         tasks = [t for t in glue.TASKS if all(runs[v].get(t) for v in labels)]
         if missing or not tasks:
-            out.append(Verdict(claim, None, (), {}, math.nan, False, "not run",
-                               f"fine-tuning runs of {', '.join(missing or labels)}"))
+            out.append(Verdict(claim, None, (), {}, math.nan, False, "not run", _needs(missing or labels, waiting or {})))
             continue
         health = {v: arms.health(v, tasks) for v in labels}
         dead = [v for v in labels if pr.total(health[v]).all]
