@@ -255,7 +255,8 @@ def test_a_long_run_s_random_init_arm_runs_from_its_first_checkpoint_and_stays_d
         saved[name].mkdir(parents=True)
         for file in (CONFIG_NAME, MODEL_NAME):
             (saved[name] / file).write_text("{}")
-    bert = pretrain_run(client, ctx, "bert", status="KILLED", checkpoints={"50": str(saved["bert/step_50"])}, last_step=60)
+    bert = pretrain_run(client, ctx, "bert", status="KILLED", checkpoints={"50": str(saved["bert/step_50"])},
+                        last_step=60)
     todo, _, _ = finetune_plan(ctx, client)
     going = {(c.variant, c.step, c.random_init) for c, _, _ in todo if c.run_id == bert}
     assert going == {("bert", 50, False), ("none", 50, True)}  # the floor does not wait for the run's end

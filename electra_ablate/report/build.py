@@ -99,7 +99,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
             figures["expected_max"] = f"{name}/expected_max.png"
     paper = load_paper_results()
     going = {s.job.variant: s.failed.info.status for s in data.pretrain if s.run is None and s.failed is not None}
-    waiting = {v: f"the end of {v}'s pre-training ({status} in MLflow; the sweep resumes it)" for v, status in going.items()}
+    waiting = {v: f"the end of {v}'s pre-training ({status} in MLflow; the sweep resumes it)"
+               for v, status in going.items()}
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions, waiting=waiting)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems,
                        summary.tasks, data.skipped)

@@ -213,7 +213,8 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
         missing = [v for v in labels if not runs[v]]
         tasks = [t for t in glue.TASKS if all(runs[v].get(t) for v in labels)]
         if missing or not tasks:
-            out.append(Verdict(claim, None, (), {}, math.nan, False, "not run", _needs(missing or labels, waiting or {})))
+            out.append(Verdict(claim, None, (), {}, math.nan, False, "not run",
+                               _needs(missing or labels, waiting or {})))
             continue
         health = {v: arms.health(v, tasks) for v in labels}
         dead = [v for v in labels if pr.total(health[v]).all]
