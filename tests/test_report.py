@@ -384,7 +384,7 @@ def test_report_files_are_written_whole(store, tmp_path):
     write_report(ctx, client, out)  # again over the old one
     assert sorted(p.name for p in out.iterdir()) == ["mini", "mini.md"]
     assert sorted(p.name for p in (out / "mini").iterdir()) == ["expected_max.png", "generator_size.png", "glue.png",
-                                                          "learning_curves.png", "verdicts.json"]
+                                                          "learning_curves.png", "task_curves.png", "verdicts.json"]
     text = (out / "mini.md").read_text()
     for ref in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
         assert (out / ref).is_file(), ref

@@ -181,7 +181,12 @@ def test_each_claim_has_a_verdict_per_task_beside_the_glue_one(report):
 
     # The report: the GLUE headline first, then per task.
     head = {r[0]: r for r in rows(text, "Verdicts on the paper's claims")}
-    assert head[VS][3] == "GLUE-2: CoLA, MRPC" and head[VS][6] == "holds"
+    assert head[VS][3] == "GLUE-2: CoLA, MRPC"
+    # The mean holds on CoLA alone: left out, what remains (MRPC) no longer resolves it, and the verdict says so.
+    assert re.fullmatch(r"holds; rests on CoLA \(without CoLA: unresolved, \+\d+\.\d \[-\d+\.\d, \+\d+\.\d\]\)",
+                        head[VS][6]), head[VS][6]
+    without = {(r[0], r[1]): r for r in rows(text, "Without each task")}
+    assert without[(VS, "CoLA")][4] == "**unresolved at this scale**" and without[(VS, "MRPC")][4] == "holds"
     assert head[FLOOR.format("bert")][6] == ("unresolved at this scale; per task: holds on CoLA; reversed on MRPC")
     assert text.index("## Verdicts on the paper's claims") < text.index("### Per task")
     per_task = {(r[0], r[1]): r for r in rows(text, "Per task")[1:]}
@@ -233,7 +238,8 @@ def test_the_console_names_the_instrument_and_the_tasks_that_resolve_otherwise(s
     assert [line for line in out if "RTE" in line] == [f"skipped RTE: no local GLUE data under {data_dir / 'glue'}"]
     i = out.index("verdicts on GLUE-2: CoLA, MRPC (95% multi-bootstrap interval, points):")
     lines = out[i + 1:i + 4]
-    assert re.fullmatch(r"  holds       ELECTRA beats BERT: \+\d+\.\d \[\+\d+\.\d, \+\d+\.\d\]", lines[0]), lines[0]
+    assert re.fullmatch(r"  holds       ELECTRA beats BERT: \+\d+\.\d \[\+\d+\.\d, \+\d+\.\d\]; rests on CoLA "
+                        r"\(without CoLA: unresolved, \+\d+\.\d \[-\d+\.\d, \+\d+\.\d\]\)", lines[0]), lines[0]
     (bert,) = [line for line in lines if "bert > scratch" in line]
     assert re.fullmatch(r"  unresolved  .*: [-+]\d+\.\d \[[-+]\d+\.\d, [-+]\d+\.\d\]; holds on CoLA; reversed on MRPC",
                         bert), bert
@@ -275,7 +281,8 @@ def test_the_readme_table_names_each_presets_instrument(tmp_path, report):
                         "Δ [95% interval] | `cpu_long` (250M tokens, 30k vocabulary): verdict, Δ [95% interval] | "
                         "reports |")
     (vs,) = [line for line in short if line.startswith(f"| {VS} |")]
-    assert vs.split(" | ")[3] == "**holds**", vs  # the header names its instrument: the cell does not repeat it
+    # The header names its instrument: the cell does not repeat it; it names the task the verdict rests on.
+    assert vs.split(" | ")[3] == "**holds** (rests on CoLA)", vs
     full = holds.table(*holds.preset_records(tmp_path))
     (vs,) = [line for line in full if line.startswith(f"| {VS} |")]
     cells = [c.strip() for c in vs.strip("|").split("|")]
@@ -297,7 +304,7 @@ def test_a_cell_fed_by_reports_on_other_tasks_names_each(tmp_path, report):
     short = holds.summary_table(holds.load_records(tmp_path))
     (vs,) = [line for line in short if line.startswith(f"| {VS} |")]
     cells = [c.strip() for c in vs.strip("|").split("|")]
-    assert cells[1] == ("**holds** ([cpu_regime.md](reports/cpu_regime.md)); **reversed** "
+    assert cells[1] == ("**holds** (rests on CoLA) ([cpu_regime.md](reports/cpu_regime.md)); **reversed** "
                         "([table5_efficiency_cpu.md](reports/table5_efficiency_cpu.md))"), cells
     assert re.fullmatch(r"\+\d+\.\d \[\+\d+\.\d, \+\d+\.\d\] on GLUE-2: CoLA, MRPC; -7\.7 \[-10\.6, -5\.0\] on SST-2",
                         cells[2]), cells[2]

@@ -9,6 +9,7 @@ import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from electra_ablate.report import carries
 from electra_ablate.tracking import runs as tracking
 
 # Pre-training params that fix the encoder's shape (the pretrain config's `model` group).
@@ -131,8 +132,10 @@ def scale_sentences(results, scale: Mapping[str, str]) -> list[str]:
             out.append(f"- {c.text}: not run.")
             continue
         d = v.difference
+        rests = carries.phrase(v.verdict, getattr(v, "without", {}))
         out.append(f"- {c.text}: **{v.verdict}** ({d.estimate:+.1f} points, 95% interval [{d.low:+.1f}, {d.high:+.1f}]"
-                   f"{'' if not where else '; ' + where}){'' if not note else f'; {note}'}.")
+                   f"{'' if not where else '; ' + where}){'' if not note else f'; {note}'}"
+                   f"{'' if not rests else f'; it {rests}'}.")
     return out
 
 

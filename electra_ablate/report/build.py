@@ -33,7 +33,7 @@ from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
 from electra_ablate.report import arms, expected_max, holds, outcome, sensitivity, verdicts
 from electra_ablate.report.collect import SweepData, collect
-from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure,
+from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure, task_curves_figure,
                                            pretraining_curves_figure)
 from electra_ablate.report.markdown import TASK_NAMES, end_of_pretraining_section, final_health, render
 from electra_ablate.report.paper import load_paper_results
@@ -89,6 +89,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     wants_curves = "learning_curves" in ctx.spec.figures or data.intermediate  # every checkpoint fine-tuned is shown
     if wants_curves and learning_curves_figure(data, staging / "learning_curves.png"):
         figures["learning_curves"] = f"{name}/learning_curves.png"
+        if task_curves_figure(data, staging / "task_curves.png"):
+            figures["task_curves"] = f"{name}/task_curves.png"
     if pretraining_curves_figure(data, staging / "pretraining_curves.png"):
         figures["pretraining_curves"] = f"{name}/pretraining_curves.png"
     final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
@@ -103,7 +105,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
                for v, status in going.items()}
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions, waiting=waiting)
     holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems,
-                       summary.tasks, data.skipped)
+                       summary.tasks, data.skipped, summary.as_record())
     end = end_of_pretraining_section(ctx.spec, data.pretrain, paper, figures.get("pretraining_curves"))
     closing = pretrain_recipe_lines(data.pretrain) + end + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:

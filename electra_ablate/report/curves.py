@@ -40,6 +40,9 @@ def learning_section(data: SweepData, figures: Mapping[str, str], paper: Mapping
            "IQR are the band the curves have to clear (drawn grey).", ""]
     if "learning_curves" in figures:
         out += [f"![learning curves]({figures['learning_curves']})", ""]
+    if "task_curves" in figures:
+        out += ["Each task's median against pre-training FLOPs (dotted: random initialisation's median on the task), "
+                "to show which task moves the mean:", "", f"![learning curves per task]({figures['task_curves']})", ""]
     curve = learning_curve(data)
     if curve.empty:
         return out + ["No fine-tuning run of an intermediate checkpoint has finished yet.", ""]

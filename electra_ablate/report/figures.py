@@ -12,8 +12,8 @@ from electra_ablate.report.collect import SweepData
 from electra_ablate.report.curves import short_glue
 from electra_ablate.report.tables import TASK_NAMES
 from electra_ablate.report.paper import load_paper_results, paper_glue, paper_row
-from electra_ablate.report.stats import (Summary, curve_tasks, generator_size_points, learning_curve, random_init_bands,
-                                         random_init_floors)
+from electra_ablate.report.stats import (Summary, curve_runs, curve_tasks, generator_size_points, learning_curve,
+                                         random_init_bands, random_init_floors, random_init_task_medians)
 
 
 def _pyplot():
@@ -193,5 +193,41 @@ def pretraining_curves_figure(data: SweepData, path: Path) -> bool:
     axes[0][0].set_title(f"{data.ctx.spec.name}: pre-training, one line per run", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def task_curves_figure(data: SweepData, path: Path) -> bool:
+    """One panel per task of `curve_tasks`: each pre-trained arm's median score at each checkpoint against its
+    pre-training FLOPs, random initialisation's median as a dotted line, so that a reader sees which task moves a
+    GLUE curve; False with fewer than two tasks or no curve."""
+    tasks = curve_tasks(data)
+    runs = curve_runs(data)
+    if len(tasks) < 2 or not len(runs):
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(tasks), figsize=(2.6 * len(tasks), 3.0), squeeze=False)
+    order = [v.label for v in data.ctx.spec.variants if v.label in set(runs["variant"])]
+    floors = random_init_task_medians(data)
+    for ax, task in zip(axes[0], tasks):
+        for i, variant in enumerate(order):
+            g = runs[(runs["variant"] == variant) & (runs["task"] == task)]
+            points = sorted((float(np.mean([data.flops[k] for k in {(r, s) for r, s in zip(h["pretrain_run"], h["step"])}
+                                            if k in data.flops] or [np.nan])), float(h["score"].median()))
+                            for _, h in g.groupby("fraction"))
+            points = [(x, y) for x, y in points if np.isfinite(x)]
+            if points:
+                ax.plot(*zip(*points), marker="o", ms=3, color=f"C{i}", label=variant)
+        for label, medians in floors.items():
+            if task in medians:
+                ax.axhline(medians[task], ls=":", color="0.4", label=f"{label} (random init)")
+        ax.set_xscale("log")
+        ax.set_title(TASK_NAMES[task], fontsize=10)
+        ax.set_xlabel("pre-training FLOPs", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("dev score x 100 (median)", fontsize=8)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True

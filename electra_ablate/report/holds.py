@@ -25,17 +25,22 @@ report/holds_record.py's, the two tables report/holds_tables.py's; this module w
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from electra_ablate.common.io import write_text
+from electra_ablate.report import headline
 # The tables' parts, read through this module by the report and the tests.
 from electra_ablate.report.holds_record import (  # noqa: F401
     CPU_LONG, CPU_SCALE, CPU_SCALE_30K, DETAIL_DOC, NOT_COMMITTED, NOT_RUN, PRESETS, RECORD, SANITY, HoldsError, Preset,
     is_cpu_scale, load_records, preset_records, preset_tasks, record, record_tasks, write_record)
 from electra_ablate.report.holds_tables import summary_table, table
 from electra_ablate.sweep.spec import REPO_ROOT
+
+FINDINGS_DOC = "docs/findings.md"
+
 
 START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
 
@@ -62,13 +67,25 @@ def replace_section(text: str, lines: Sequence[str], where: str = "README.md", s
 def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
     """README.md and the detail document under `root`: path -> (text now, text with the tables of `report_dir`)."""
     presets = preset_records(report_dir)
-    readme, detail = root / "README.md", root / DETAIL_DOC
+    readme, detail, findings = root / "README.md", root / DETAIL_DOC, root / FINDINGS_DOC
     out = {}
     for path, lines, start, end in ((readme, summary_table(*presets), START, END),
                                     (detail, table(*presets), DETAIL_START, DETAIL_END)):
         text = path.read_text()
         out[path] = (text, replace_section(text, lines, str(path), start, end))
+    long_run = _long_run_record(report_dir)
+    for path in (readme, findings):  # the long run's headline, where a file has its markers
+        text = out[path][1] if path in out else path.read_text() if path.exists() else ""
+        if headline.START in text:
+            link = headline.REPORT if path == readme else f"../{headline.REPORT}"
+            new = replace_section(text, headline.lines(long_run, link), str(path), headline.START, headline.END)
+            out[path] = (out[path][0] if path in out else text, new)
     return out
+
+
+def _long_run_record(report_dir: Path) -> dict | None:
+    path = report_dir / CPU_LONG[0][0] / RECORD
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bool:

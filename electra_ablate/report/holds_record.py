@@ -88,7 +88,8 @@ def _numbers(d: mb.Difference | None) -> dict:
 
 
 def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
-           problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = ()) -> dict:
+           problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = (),
+           medians: Mapping[str, Mapping[str, float]] | None = None) -> dict:
     """What one report concluded, as data: its verdicts (on the GLUE mean of each claim's `tasks`, and per task:
     `per_task`, with each task's dev-set noise, ±1.96 sd of the difference over example-only resamples), each
     compared arm's pre-training per run (`scale`: arms.numbers; None for an arm without pre-training), how many jobs
@@ -106,16 +107,20 @@ def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, d
             "claim": c.text, "figure": c.figure, "paper": c.paper, "better": list(c.better), "worse": list(c.worse),
             "tasks": list(v.tasks), "verdict": v.verdict, "resolve": v.resolve, "note": v.note, **_numbers(d),
             "groups": dict(v.groups), "runs": dict(v.runs), "per_task": per_task,
+            "without": {t: {**_numbers(d), "verdict": vd.verdict_of(d)} for t, d in v.without.items()},
             "arms": [{"label": a, "pretraining": scale.get(a), "pretrained": vd.pretrained(spec.variant(a))}
                      for a in arms],
         })
     return {"sweep": spec.name, "scale": spec.scale, "report": f"{spec.report_name}.md", "claims": claims,
-            "missing_or_failed": len(problems), "tasks": list(tasks), "skipped_tasks": list(skipped)}
+            "missing_or_failed": len(problems), "tasks": list(tasks), "skipped_tasks": list(skipped),
+            # the main table's medians (variant -> task -> median x 100, and "glue"), read by report/headline.py
+            "medians": {v: {t: round(float(x), 4) for t, x in m.items()} for v, m in (medians or {}).items()}}
 
 
 def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
-                 problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = ()) -> None:
-    text = json.dumps(record(spec, results, scale, problems, tasks, skipped), indent=1, sort_keys=True)
+                 problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = (),
+                 medians: Mapping[str, Mapping[str, float]] | None = None) -> None:
+    text = json.dumps(record(spec, results, scale, problems, tasks, skipped, medians), indent=1, sort_keys=True)
     write_text(path, portable(text) + "\n")
 
 

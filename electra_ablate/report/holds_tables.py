@@ -211,6 +211,10 @@ def _summary_cells(entries: Sequence[Mapping], on: tuple[str, ...]) -> list[str]
         tasks = tuple(c.get("tasks") or ())
         where = f" on {_instrument(tasks)}" if tasks and (tasks != on or len(shown) > 1) else ""
         notes = [split] if split else []
+        rests = [t for t, w in (c.get("without") or {}).items()
+                 if c["verdict"] in vd.RESOLVED and w["verdict"] != c["verdict"]]
+        if rests:  # leaving this task out alone changes the verdict (report/carries.py)
+            notes.append(f"rests on {', '.join(vd.glue_task_names(rests))}")
         if c.get("groups") and min(c["groups"].values()) == 1:  # the interval leaves pre-training variance out
             notes.insert(0, "one pre-training seed")
         verdict = f"**{c['verdict']}**" + (f" ({'; '.join(notes)})" if notes else "")

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from electra_ablate.report import markdown, verdicts
+from electra_ablate.report import carries, markdown, verdicts
 from electra_ablate.report.collect import SweepData
 from electra_ablate.report.stats import Summary
 
@@ -41,8 +41,9 @@ def verdict_line(v: verdicts.Verdict, measured_on: Sequence[str] = ()) -> str:
     d = v.difference
     on = "" if tuple(v.tasks) == tuple(measured_on) else f" on {verdicts.instrument(v.tasks)}"
     split = verdicts.resolved_elsewhere(v.verdict, {t: tv.verdict for t, tv in v.per_task.items()})
+    rests = carries.phrase(v.verdict, v.without)
     return (f"{name:<11} {v.claim.text}: {d.estimate:+.1f} [{d.low:+.1f}, {d.high:+.1f}]{on}"
-            + (f"; {split}" if split else ""))
+            + (f"; {split}" if split else "") + (f"; {rests}" if rests else ""))
 
 
 def measured_on(results: Sequence[verdicts.Verdict], tasks: Sequence[str]) -> tuple[str, ...]:

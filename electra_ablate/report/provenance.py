@@ -90,6 +90,8 @@ def _invocations(sweeps: pd.DataFrame, running_sweep_run: str | None, running_wa
     lines = ["Sweep invocations (oldest first; each phase launches only what was not already finished):", ""]
     for _, r in sweeps[~sweeps["run_id"].isin(idle)].iterrows():
         wall = running_wall_time if r["run_id"] == running_sweep_run else r.get("metrics.wall_time_s")
+        if is_missing(wall) and r["status"] != "RUNNING":  # a stopped sweep logs no wall time, but has a start and end
+            wall = (_times(pd.Series([r["end_time"]])) - _times(pd.Series([r["start_time"]]))).dt.total_seconds().iloc[0]
         lines.append(f"- {_when(r['start_time'])}: `{r.get('tags.command', '?')}` with `{r.get('tags.launcher', '?')}`, "
                      f"status {_status(r, running_sweep_run)}, "
                      f"wall time {duration(wall)}, git {r.get('tags.git_commit', '?')}")
@@ -135,9 +137,11 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
             n = int((jobs["tags.kind"] == kind).sum())
             left = f", {unfinished[kind]} of them not finished (their time so far)" if unfinished.get(kind) else ""
             return f"over {n} runs{left}"
+        lines += _unrecorded(jobs, sweeps)
         lines += [f"- Git commit(s) of the runs in the tables: {', '.join(commits) or 'unknown'}",
                   "- Compute time of the runs in the tables (sum of run durations, less the time a resumed run lay "
                   "dead between attempts): " + ", ".join(f"{k} {duration(v)} {over(k)}" for k, v in hours.items())]
+    lines += _mfu_line(data, client)
     vocabs = vocabularies(data)
     lines.append(f"- Vocabulary per arm (sha256 of vocab.txt, first {VOCAB_SHA_PREFIX} hex digits): {_vocab_list(vocabs)}")
     warning = vocabulary_warning(vocabs)
@@ -148,6 +152,42 @@ def provenance(data: SweepData, running_sweep_run: str | None, running_wall_time
               f"{_dashboard_link(data)} (experiment `{data.ctx.experiment}`; fine-tuning runs are nested under their "
               "pre-training run)."]
     return "\n".join(lines)
+
+
+def _unrecorded(jobs: pd.DataFrame, sweeps: pd.DataFrame) -> list[str]:
+    """A line naming the runs of the tables that no sweep record launched: those that started while no sweep
+    invocation of this sweep was running (runs carry no link to the invocation that launched them, so the test is by
+    time); none when the runs were all launched by hand (no sweep record at all)."""
+    if not len(sweeps) or not len(jobs):
+        return []
+    starts, ends = _times(sweeps["start_time"]), _times(sweeps["end_time"]).fillna(pd.Timestamp.now(tz="UTC"))
+    began = _times(jobs["start_time"])
+    inside = pd.Series(False, index=jobs.index)
+    for s, e in zip(starts, ends):
+        inside |= (began >= s) & (began <= e)
+    out = jobs[~inside]
+    if not len(out):
+        return []
+    groups = out.groupby([out.get("tags.kind"), out.get("tags.variant")]).size()
+    what = ", ".join(f"{n} {kind} run(s) of {variant}" for (kind, variant), n in groups.items())
+    first, last = _when(began[~inside].min()), _when(began[~inside].max())
+    return [f"- Launched outside every recorded sweep invocation (started while none was running, {first} to {last}): "
+            f"{what}. They carry this sweep's identities and tags, but no sweep record lists their launch."]
+
+
+def _mfu_line(data: SweepData, client) -> list[str]:
+    """What the pre-training runs' `train/mfu` is a share of: the peak each process timed at its start
+    (`runtime/peak_flops`, common/peaks.py), over every attempt; none when no run logged one."""
+    if client is None:
+        return []
+    peaks = [m.value for s in data.pretrain if s.run is not None
+             for m in client.get_metric_history(s.run.info.run_id, "runtime/peak_flops")]
+    if not peaks:
+        return []
+    spread = f"{min(peaks):.2g} to {max(peaks):.2g}" if max(peaks) > 1.05 * min(peaks) else f"{peaks[0]:.2g}"
+    return [f"- `train/mfu` (MLflow) is the share of a peak that each pre-training process timed at its start, a "
+            f"square matmul in the run's dtype at its thread count on the machine as loaded then ({spread} FLOP/s "
+            f"over {len(peaks)} starts): a practical peak, not the device's; no table here uses it."]
 
 
 def run_seconds(jobs: pd.DataFrame, client=None) -> pd.Series:

@@ -102,6 +102,12 @@ class Summary:
     seed_glue: pd.DataFrame  # per_seed_glue of the final checkpoints
     differences: dict[str, tuple[float, float, float]]  # variant -> bootstrap_difference vs the baseline
 
+    def as_record(self) -> dict[str, dict[str, float]]:
+        """variant -> task -> median, with its GLUE under "glue": the main table as data."""
+        rows = self.medians.to_dict(orient="index") if len(self.medians) else {}
+        return {v: {**{t: float(x) for t, x in row.items() if pd.notna(x)},
+                    **({"glue": float(self.glue[v])} if self.glue.get(v) is not None else {})} for v, row in rows.items()}
+
 
 def summarize(data: SweepData) -> Summary:
     spec = data.ctx.spec
@@ -208,6 +214,11 @@ def random_init_floors(data: SweepData) -> dict[str, float]:
         if value is not None:
             out[label] = value
     return out
+
+
+def random_init_task_medians(data: SweepData) -> dict[str, dict[str, float]]:
+    """Per random-init variant: its median score on each task (the per-task floors of the learning curves)."""
+    return {label: g.groupby("task")["score"].median().to_dict() for label, g in _random_init_runs(data).items()}
 
 
 def random_init_bands(data: SweepData) -> dict[str, tuple[float, float, float]]:

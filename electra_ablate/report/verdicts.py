@@ -31,7 +31,9 @@ import numpy as np
 import pandas as pd
 
 from electra_ablate.glue import tasks as glue
+from electra_ablate.report import carries
 from electra_ablate.report import multibootstrap as mb
+from electra_ablate.report.carries import verdict_of
 from electra_ablate.report import predictions as pr
 from electra_ablate.report.claims import (  # noqa: F401 (the claims are read through this module too)
     CLAIMS, NO_PRETRAINING, Claim, ClaimsError, load_claims, pretrained, sweep_claims)
@@ -120,6 +122,7 @@ class Verdict:
     health: dict[str, dict[str, pr.Count]] = field(default_factory=dict)  # arm -> task -> degenerate runs
     runs: dict[str, int] = field(default_factory=dict)  # arm -> fine-tuning runs compared (the fewest over tasks)
     per_task: dict[str, TaskVerdict] = field(default_factory=dict)  # several tasks: each one's, in GLUE order
+    without: dict[str, mb.Difference] = field(default_factory=dict)  # several tasks: the GLUE mean without each
 
     @property
     def note(self) -> str:
@@ -130,14 +133,6 @@ class Verdict:
             shown = [a for a, h in self.health.items() if pr.total(h).any]
         text = "; ".join(pr.phrase(a, self.health[a]) for a in shown)
         return text if self.verdict == DEGENERATE or not text else f"partly degenerate: {text}"
-
-
-def verdict_of(d: mb.Difference) -> str:
-    if d.low > 0:
-        return "holds"
-    if d.high < 0:
-        return "reversed"
-    return "unresolved at this scale"
 
 
 def what_it_takes(d: mb.Difference, verdict: str, groups: Mapping[str, int], per_group: float) -> str:
@@ -231,7 +226,8 @@ def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping 
         out.append(Verdict(claim, d, tuple(tasks), dict(boot.groups), per_group, complete, verdict,
                            what_it_takes(d, verdict, boot.groups, per_group), health,
                            {v: min(len(runs[v][t]) for t in tasks) for v in labels},
-                           _per_task(claim, boot, runs, health, tasks) if len(tasks) > 1 else {}))
+                           _per_task(claim, boot, runs, health, tasks) if len(tasks) > 1 else {},
+                           carries.leave_one_out(claim.better, claim.worse, boot)))
     return out
 
 
@@ -304,6 +300,8 @@ def render(results: Sequence[Verdict]) -> list[str]:
         verdict = v.verdict + (f" ({'; '.join(covers)})" if covers else "") + (f"; {v.note}" if v.note else "")
         split = resolved_elsewhere(v.verdict, {t: tv.verdict for t, tv in v.per_task.items()})
         verdict += f"; per task: {split}" if split else ""
+        rests = carries.phrase(v.verdict, v.without)
+        verdict += f"; {rests}" if rests else ""
         rows.append([c.text, c.figure, c.paper or "–", glue_label(v.tasks),
                      f"{d.estimate:+.2f} [{d.low:+.2f}, {d.high:+.2f}]", f"{d.sign_probability:.2f}", verdict,
                      v.resolve])
@@ -315,7 +313,7 @@ def render(results: Sequence[Verdict]) -> list[str]:
     if notes:
         out += ["With one pre-training seed per arm the interval covers fine-tuning seeds and dev examples only: "
                 "a verdict then holds for these pre-trained models, not for the pre-training recipe.", ""]
-    return out + (_per_task_section(several) if several else [])
+    return out + (_per_task_section(several) if several else []) + carries.section(several)
 
 
 def _per_task_section(results: Sequence[Verdict]) -> list[str]:

@@ -1,0 +1,80 @@
+"""The long run's headline, in the words README.md and docs/findings.md give it: written from its report's record.
+
+`reports/cpu_long/verdicts.json` (report/holds_record.py) holds the main table's medians and every verdict with its
+per-task verdicts and its difference without each task (report/carries.py). This module turns them into a few lines
+that report/holds.py writes between the `long-run` markers of both files, so no number of the long run is typed by
+hand: re-rendering the report and running `python -m electra_ablate.report.holds` rewrites them.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Mapping, Sequence
+
+from electra_ablate.glue import tasks as glue
+
+START = "<!-- long-run: written by `python -m electra_ablate.report.holds` from reports/cpu_long; do not edit by hand -->"
+
+
+END = "<!-- /long-run -->"
+
+
+REPORT = "reports/cpu_long.md"
+
+
+WIDTH = 120  # the docs' line width
+
+
+def _name(task: str) -> str:
+    return glue.get_task(task).dir_name
+
+
+def _difference(c: Mapping) -> str:
+    return f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
+
+
+def _short(verdict: str) -> str:
+    return verdict.replace(" at this scale", "")
+
+
+def _carried(c: Mapping) -> str:
+    """'; reversed on CoLA; without STS-B reversed, -3.7 [-6.1, -1.0]': where the tasks disagree with the mean."""
+    out = []
+    by = {}
+    for t, pt in (c.get("per_task") or {}).items():
+        if pt["verdict"] in ("holds", "reversed") and pt["verdict"] != c["verdict"]:
+            by.setdefault(pt["verdict"], []).append(_name(t))
+    out += [f"{v} on {', '.join(ts)}" for v, ts in by.items()]
+    for t, w in (c.get("without") or {}).items():
+        if c["verdict"] in ("holds", "reversed") and w["verdict"] != c["verdict"]:
+            out.append(f"without {_name(t)} {_short(w['verdict'])}, "
+                       f"{w['estimate']:+.1f} [{w['low']:+.1f}, {w['high']:+.1f}]")
+    return "".join(f"; {x}" for x in out)
+
+
+def lines(record: Mapping | None, link: str = REPORT) -> list[str]:
+    """The headline as markdown lines: the arms' GLUE medians, each verdict with what carries it, and the link."""
+    if not record or not record.get("claims"):
+        return [f"The long run's report is not committed yet ([{link}]({link}) once rendered)."]
+    medians: Mapping[str, Mapping[str, float]] = record.get("medians") or {}
+    tasks: Sequence[str] = record.get("tasks") or []
+    names = ", ".join(_name(t) for t in tasks)
+    arms = ", ".join(f"{v} {m['glue']:.1f}" for v, m in sorted(medians.items(), key=lambda kv: -kv[1].get("glue", 0))
+                     if "glue" in m)
+    per_task = "; ".join(f"{_name(t)} " + " / ".join(f"{medians[v][t]:.1f}" for v in medians if t in medians[v])
+                         for t in tasks)
+    seeds = min((n for c in record["claims"] for n in (c.get("runs") or {}).values()), default=0)
+    out = [f"GLUE-{len(tasks)} ({names}) medians over {seeds} fine-tuning seeds at the final checkpoints: {arms}; per task "
+           f"({' / '.join(medians)}): {per_task}. One pre-training seed per arm: the intervals cover fine-tuning seeds "
+           "and dev examples, not pre-training. Verdicts (95% multi-bootstrap interval, points), with the tasks that "
+           "disagree and any task whose leaving out alone changes the verdict:", ""]
+    for c in record["claims"]:
+        if c.get("estimate") is None:
+            out.append(f"- {c['claim']}: {c['verdict']}")
+            continue
+        out.append(f"- {c['claim']}: **{c['verdict']}**, {_difference(c)}{_carried(c)}")
+    out += ["", f"Read through the `cpu_glue` fine-tuning recipe (STS-B cut to 2,500 pairs and 3 epochs); the full "
+                f"report, learning curves per task and how it was made: [{link}]({link})."]
+    return [w for line in out for w in (textwrap.wrap(line, WIDTH, subsequent_indent="  " if line.startswith("- ") else "",
+                                                      break_on_hyphens=False) or [""])]
+
