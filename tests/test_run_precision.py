@@ -110,3 +110,94 @@ def test_an_explicit_precision_switches_a_resumed_run_and_records_the_switch(tmp
     assert (tags["attempt.1.precision"], tags["attempt.2.precision"], tags["precision"]) == \
         ("bf16-mixed", "32-true", "32-true")
     assert "switched from bf16-mixed" in tags["precision.how"]
+
+
+# --- a sweep keeps one precision -----------------------------------------------------------------------------
+
+
+def _tiny_checkpoint(tmp_path, data_dir):
+    import torch
+
+    from electra_ablate.models.checkpoint import save_pretrained
+    from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
+
+    torch.manual_seed(0)
+    vocab = data_dir / "vocab" / "bert-base-uncased-vocab.txt"
+    config = EncoderConfig(vocab_size=len(vocab.read_text(encoding="utf-8").splitlines()), embedding_size=32,
+                           hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           max_position_embeddings=128)
+    return save_pretrained(tmp_path / "pre", ElectraForPretraining(config, disc_head=True), vocab, {"model_name": "tiny"})
+
+
+def _sweep_context(tmp_path, data_dir):
+    from electra_ablate.sweep import compose
+
+    path = tmp_path / "onep.yaml"
+    path.write_text(f"name: onep\nscript: electra_ablate.finetune\ntasks: [rte]\nseeds: [0, 1]\n"
+                    f"variants:\n  tiny: {{pretrained: '{_tiny_checkpoint(tmp_path, data_dir)}'}}\n")
+    paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
+             "cache_dir": str(tmp_path / "outputs" / "cache")}
+    tiny = ["runtime.num_workers=0", "trainer.enable_progress_bar=false", "glue_data.max_seq_length=64",
+            "task.epochs=1", "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8",
+            "glue_data.batch_size=8"]
+    return compose.make_context(path, None, paths, f"sqlite:///{tmp_path}/mlflow.db", finetune_overrides=tiny)
+
+
+def _launch_on(ctx, requested: str, seed: int):
+    """Launch the sweep as its runner does (its record, its precision), then run its fine-tuning job of `seed` in
+    this process, composed from the generated config as the multirun composes it; returns the job's run."""
+    from electra_ablate.sweep.jobs import Checkpoint
+    from electra_ablate.sweep.run import run_sweep
+    from electra_ablate.training import finetuning
+
+    launched = {}
+
+    def writer(job_ctx, client, report_dir, **_):
+        ckpt = Checkpoint("tiny", None, None, None, True, None)
+        job_ctx.write_finetune_config(ckpt)
+        cfg = job_ctx.compose_finetune([job_ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=rte",
+                                        f"seed={seed}"])
+        finetuning.run(cfg)
+        launched["cfg"] = cfg
+        return report_dir / "onep.md"
+
+    run_sweep(ctx, [], ["report"], ctx.workdir / "reports", False, "python -m electra_ablate.sweep", writer, requested)
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    exp = client.get_experiment_by_name(ctx.experiment)
+    (run,) = client.search_runs([exp.experiment_id], f"tags.kind = 'finetune' and tags.seed = '{seed}'")
+    (record,) = client.search_runs([exp.experiment_id], "tags.kind = 'sweep'", max_results=1,
+                                   order_by=["attributes.start_time DESC"])
+    return launched["cfg"], run, record
+
+
+def test_a_sweeps_jobs_launched_on_two_machines_run_in_the_precision_of_its_first_launch(tmp_path, data_dir, cpu_with,
+                                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ctx = _sweep_context(tmp_path, data_dir)
+    cpu_with(ZEN4)  # the first launch, where `auto` is bf16-mixed
+    cfg, first, record = _launch_on(ctx, "auto", seed=0)
+    assert cfg.runtime.precision == "bf16-mixed" and record.data.tags["precision"] == "bf16-mixed"
+    assert record.data.tags["hardware.cpu_bf16"] == "avx512_bf16" and "hardware.gpu" in record.data.tags
+    cpu_with(AVX2_ONLY)  # launched again elsewhere: `auto` would be fp32 here
+    cfg, second, record = _launch_on(ctx, "auto", seed=1)
+    assert cfg.runtime.precision == "bf16-mixed" and record.data.tags["precision"] == "bf16-mixed"
+    assert "kept from the sweep's record" in record.data.tags["precision.how"]
+    for run in (first, second):
+        assert run.data.tags["attempt.1.precision"] == run.data.params["runtime.resolved_precision"] == "bf16-mixed"
+    assert (first.data.tags["attempt.1.cpu_bf16"], second.data.tags["attempt.1.cpu_bf16"]) == ("avx512_bf16", "none")
+
+
+def test_an_explicit_sweep_precision_switches_its_jobs_and_its_record_says_so(tmp_path, data_dir, cpu_with):
+    from electra_ablate.sweep import precision as sweep_precision
+
+    ctx = _sweep_context(tmp_path, data_dir)
+    client = tracking.setup(ctx.tracking_uri, ctx.experiment)
+    cpu_with(ZEN4)
+    assert sweep_precision.choose(client, ctx, "auto").precision == "bf16-mixed"
+    tracking.RunLogger.start(client, ctx.experiment, "sweep", {"kind": "sweep", "sweep": "onep", "scale": ctx.spec.scale_name,
+                                                               "precision": "bf16-mixed"}).finish()
+    cpu_with(AVX2_ONLY)
+    kept = sweep_precision.choose(client, ctx, "auto")
+    assert kept.precision == "bf16-mixed" and "6x slower" in kept.warning
+    switched = sweep_precision.choose(client, ctx, "32-true")
+    assert switched.precision == "32-true" and "switched from bf16-mixed" in switched.how and switched.warning is None
