@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from electra_ablate.report import arms, expected_max, verdicts
+from electra_ablate.report import arms, expected_max, precision, verdicts
 from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
@@ -77,7 +77,8 @@ def _header(data: SweepData, paper: Mapping) -> list[str]:
         for claim in paper[s].get("claims") or []:
             out.append(f"- Paper: {claim}")
         out.append("")
-    for warning in (vocabulary_warning(vocabularies(data)), arms.shape_warning(spec, data.pretrain)):
+    for warning in (vocabulary_warning(vocabularies(data)), arms.shape_warning(spec, data.pretrain),
+                    precision.warning(data)):
         if warning:
             out += [warning, ""]
     return out
