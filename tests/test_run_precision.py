@@ -201,3 +201,16 @@ def test_an_explicit_sweep_precision_switches_its_jobs_and_its_record_says_so(tm
     assert kept.precision == "bf16-mixed" and "6x slower" in kept.warning
     switched = sweep_precision.choose(client, ctx, "32-true")
     assert switched.precision == "32-true" and "switched from bf16-mixed" in switched.how and switched.warning is None
+
+
+def test_a_runtime_precision_of_the_users_own_overrides_wins_for_its_phase_and_is_recorded(tmp_path, data_dir):
+    import dataclasses
+
+    from electra_ablate.sweep import precision as sweep_precision
+
+    ctx = dataclasses.replace(_sweep_context(tmp_path, data_dir), pretrain_overrides=["runtime.precision=32-true"])
+    applied, choice = sweep_precision.applied(ctx, attempts.Choice("bf16-mixed", "resolved"))
+    assert applied.pretrain_overrides == ["runtime.precision=bf16-mixed", "runtime.precision=32-true"]
+    assert applied.finetune_overrides[0] == "runtime.precision=bf16-mixed"
+    assert applied.compose_finetune(["task=rte"]).runtime.precision == "bf16-mixed"
+    assert "pretrain_overrides set runtime.precision=32-true" in choice.how

@@ -1,12 +1,15 @@
 """One precision per sweep: `precision: auto` (conf/sweep.yaml) is resolved once, at the sweep's first launch,
-recorded on its MLflow record (the `precision` tag of its kind=sweep run) and written into every generated job
-config as `runtime.precision`, so each of its pre-training and fine-tuning jobs trains in it wherever it is
-launched. A later launch reads it back from the newest record of the sweep at the same scale; a sweep recorded
-before the tag was takes the precision of its first pre-training run. An explicit `precision=32-true|bf16-mixed`
-switches the sweep, and its record says so."""
+recorded on its MLflow record (the `precision` tag of its kind=sweep run) and given to every job it launches as
+`runtime.precision=<it>` (first of the phase's overrides, in the multirun's command line rather than in the
+generated config files, which a report of the sweep rewrites), so each of its pre-training and fine-tuning jobs
+trains in it wherever it is launched. A later launch reads it back from the newest record of the sweep at the
+same scale; a sweep recorded before the tag was takes the precision of its first pre-training run. An explicit
+`precision=32-true|bf16-mixed` switches the sweep, and its record says so; a runtime.precision of the user's own
+in pretrain_overrides or finetune_overrides comes after it and wins for that phase, and the record says that too."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from electra_ablate.common import precision
@@ -63,3 +66,18 @@ def choose(client, ctx: SweepContext, requested: str) -> attempts.Choice:
     else:
         log.info("sweep %s: its jobs train in %s (%s)", ctx.spec.name, chosen, how)
     return choice
+
+
+def applied(ctx: SweepContext, choice: attempts.Choice) -> tuple[SweepContext, attempts.Choice]:
+    """`ctx` whose every job trains in `choice.precision`, and the choice with the overrides of the user's own that
+    set another for a phase named in its `how`."""
+    first = f"runtime.precision={choice.precision}"
+    own = [f"{phase}_overrides set {o}" for phase, overrides in (("pretrain", ctx.pretrain_overrides),
+                                                                  ("finetune", ctx.finetune_overrides))
+           for o in overrides if o.startswith("runtime.precision=") and o != first]
+    if own:
+        log.warning("sweep %s: %s, which wins over the sweep's %s for those jobs", ctx.spec.name, "; ".join(own),
+                    choice.precision)
+        choice = choice._replace(how=f"{choice.how}; {'; '.join(own)}, which wins for those jobs")
+    return dataclasses.replace(ctx, pretrain_overrides=[first, *ctx.pretrain_overrides],
+                               finetune_overrides=[first, *ctx.finetune_overrides]), choice

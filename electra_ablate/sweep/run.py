@@ -24,7 +24,6 @@ and the sweep exits non-zero when a phase's multirun did (a job failed or could 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -189,8 +188,7 @@ def run_sweep(
     validate(ctx)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
     env = environment()
-    chosen = sweep_precision.choose(client, ctx, precision)
-    ctx = dataclasses.replace(ctx, precision=chosen.precision)
+    ctx, chosen = sweep_precision.applied(ctx, sweep_precision.choose(client, ctx, precision))
     record = None
     if not dry_run:
         for run_id in retire_dead_sweeps(client, ctx):
