@@ -214,3 +214,41 @@ def test_a_runtime_precision_of_the_users_own_overrides_wins_for_its_phase_and_i
     assert applied.finetune_overrides[0] == "runtime.precision=bf16-mixed"
     assert applied.compose_finetune(["task=rte"]).runtime.precision == "bf16-mixed"
     assert "pretrain_overrides set runtime.precision=32-true" in choice.how
+
+
+def test_a_finetuning_run_restarted_where_auto_means_fp32_keeps_bf16(tmp_path, data_dir, cpu_with, monkeypatch, caplog):
+    from hydra import compose, initialize_config_dir
+
+    from electra_ablate.sweep.spec import CONF_DIR
+    from electra_ablate.training import finetuning
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("finetune", overrides=[
+            f"paths.root_dir={tmp_path}", f"paths.data_dir={data_dir}", f"paths.output_root={tmp_path}/outputs",
+            f"paths.output_dir={tmp_path}/run", f"logger.tracking_uri={uri}", "runtime.num_workers=0",
+            "trainer.enable_progress_bar=false", "glue_data.max_seq_length=64", "task=rte", "task.epochs=1",
+            "glue_data.max_train_examples=16", "glue_data.max_eval_examples=8", "glue_data.batch_size=8",
+            f"pretrained={_tiny_checkpoint(tmp_path, data_dir)}", "runtime.precision=auto"])
+    fit, trained_in = finetuning._fit, []
+
+    def crash(*args):
+        trained_in.append(args[-1])
+        raise RuntimeError("simulated crash")
+
+    cpu_with(ZEN4)
+    monkeypatch.setattr(finetuning, "_fit", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        finetuning.run(cfg)
+    monkeypatch.setattr(finetuning, "_fit", lambda *args: trained_in.append(args[-1]) or fit(*args))
+    cpu_with(AVX2_ONLY)
+    caplog.set_level(logging.INFO)
+    finetuning.run(cfg)
+    assert trained_in == ["bf16-mixed", "bf16-mixed"] and len(_warnings(caplog)) == 1
+    client = tracking.setup(uri, cfg.logger.experiment)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.logger.experiment).experiment_id])
+    tags = run.data.tags
+    assert run.info.status == "FINISHED" and tags[tracking.TAG_ATTEMPTS] == "2"
+    assert (tags["attempt.1.precision"], tags["attempt.2.precision"]) == ("bf16-mixed", "bf16-mixed")
+    assert (tags["attempt.1.cpu_bf16"], tags["attempt.2.cpu_bf16"]) == ("avx512_bf16", "none")
