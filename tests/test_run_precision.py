@@ -126,7 +126,8 @@ def _tiny_checkpoint(tmp_path, data_dir):
     config = EncoderConfig(vocab_size=len(vocab.read_text(encoding="utf-8").splitlines()), embedding_size=32,
                            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                            max_position_embeddings=128)
-    return save_pretrained(tmp_path / "pre", ElectraForPretraining(config, disc_head=True), vocab, {"model_name": "tiny"})
+    return save_pretrained(tmp_path / "pre", ElectraForPretraining(config, disc_head=True), vocab,
+                           {"model_name": "tiny"})
 
 
 def _sweep_context(tmp_path, data_dir):
@@ -194,8 +195,8 @@ def test_an_explicit_sweep_precision_switches_its_jobs_and_its_record_says_so(tm
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
     cpu_with(ZEN4)
     assert sweep_precision.choose(client, ctx, "auto").precision == "bf16-mixed"
-    tracking.RunLogger.start(client, ctx.experiment, "sweep", {"kind": "sweep", "sweep": "onep", "scale": ctx.spec.scale_name,
-                                                               "precision": "bf16-mixed"}).finish()
+    record = {"kind": "sweep", "sweep": "onep", "scale": ctx.spec.scale_name, "precision": "bf16-mixed"}
+    tracking.RunLogger.start(client, ctx.experiment, "sweep", record).finish()
     cpu_with(AVX2_ONLY)
     kept = sweep_precision.choose(client, ctx, "auto")
     assert kept.precision == "bf16-mixed" and "6x slower" in kept.warning

@@ -82,8 +82,8 @@ class Unit(NamedTuple):
 def units(data: SweepData, results: Sequence = ()) -> dict[str, list[Unit]]:
     """The report's numbers by kind, each with its pre-training and fine-tuning runs."""
     s = data.scores
-    finished = {v.label: [st.run.info.run_id for st in data.pretrain if st.job.variant == v.label and st.run is not None]
-                for v in data.ctx.spec.variants}
+    finished = {v.label: [st.run.info.run_id for st in data.pretrain
+                          if st.job.variant == v.label and st.run is not None] for v in data.ctx.spec.variants}
 
     def unit(what: str, rows: pd.DataFrame, extra: Sequence[str] = ()) -> Unit:
         return Unit(what, [*extra, *rows["pretrain_run"].dropna()], list(rows["run_id"]))

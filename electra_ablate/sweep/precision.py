@@ -34,8 +34,9 @@ def recorded(client, ctx: SweepContext) -> tuple[str, str] | None:
     first = client.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
                                filter_string=f"tags.{tracking.TAG_KIND} = 'pretrain' and "
                                              f"tags.{tracking.TAG_SWEEP} = '{ctx.spec.name}'")
-    if first and first[0].data.params.get(attempts.PARAM_RESOLVED_PRECISION):
-        return first[0].data.params[attempts.PARAM_RESOLVED_PRECISION], f"its first pre-training run {first[0].info.run_id}"
+    resolved = first[0].data.params.get(attempts.PARAM_RESOLVED_PRECISION) if first else None
+    if resolved:
+        return resolved, f"its first pre-training run {first[0].info.run_id}"
     return None
 
 
@@ -60,7 +61,7 @@ def choose(client, ctx: SweepContext, requested: str) -> attempts.Choice:
         chosen = requested
         how = (f"precision={requested} given: switched from {before[0]} ({before[1]})"
                if before is not None and before[0] != requested else f"precision={requested} given")
-    choice = attempts.Choice(chosen, how, attempts.slow_warning(chosen, device, how))
+    choice = attempts.Choice(chosen, how, attempts.slow_warning(chosen, device, how, switch="precision=32-true"))
     if choice.warning:
         log.warning("sweep %s: %s", ctx.spec.name, choice.warning)
     else:

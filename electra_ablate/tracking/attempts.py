@@ -94,13 +94,15 @@ def choose(requested: str, device_type: str, previous=None, flags: frozenset[str
     return Choice(chosen, how, slow_warning(chosen, device_type, how, flags))
 
 
-def slow_warning(chosen: str, device_type: str, how: str, flags: frozenset[str] | None = None) -> str | None:
-    """One line when this machine is much slower at `chosen` than at fp32: bf16 on a CPU without native bf16."""
+def slow_warning(chosen: str, device_type: str, how: str, flags: frozenset[str] | None = None,
+                 switch: str = "runtime.precision=32-true") -> str | None:
+    """One line when this machine is much slower at `chosen` than at fp32: bf16 on a CPU without native bf16;
+    `switch`: the override that would change it."""
     if device_type != "cpu" or not chosen.startswith("bf16") or precision.cpu_has_fast_bf16(flags):
         return None
     return (f"precision {chosen} ({how}) on {precision.cpu_name()}, a CPU without "
             f"{' or '.join(precision.BF16_CPU_FLAGS)}: bf16 is emulated here, about {EMULATED_BF16_SLOWDOWN}x slower "
-            "than 32-true; going on (runtime.precision=32-true would switch to fp32, recorded on the run)")
+            f"than 32-true; going on ({switch} would switch to fp32, and the record says so)")
 
 
 def attempt_tags(attempt: int, choice: Choice, machine: Mapping[str, str] | None = None) -> dict[str, str]:
