@@ -44,6 +44,14 @@ def test_a_report_of_mixed_precisions_marks_the_mixed_cells_with_their_counts(tm
     ctx, client = _mixed_store(tmp_path, data_dir)
     text = write_report(ctx, client, tmp_path / "reports", echo=False).read_text()
     assert "**Warning: runs of different precisions are pooled or compared here**" in text.split("## GLUE dev")[0]
+    glue = text.split("## GLUE dev")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in glue.splitlines() if line.startswith("| ")}
+    electra, bert = next(r for k, r in rows.items() if k.startswith("electra")), \
+        next(r for k, r in rows.items() if k.startswith("bert"))
+    header = next(r for k, r in rows.items() if k == "variant")
+    rte, mrpc = header.index("RTE"), header.index("MRPC")
+    assert "‡" in electra[rte] and "‡" in bert[rte] and "‡" in bert[mrpc] and "‡" not in electra[mrpc]
+    assert "‡ marks a cell whose runs mix precisions" in glue
     section = text.split("## Precision and hardware")[1].split("\n## ")[0]
     precisions, cpus = section.split("Numbers whose runs mix CPU models")
     assert "- table cell electra RTE: fine-tuning 2 bf16-mixed, 1 32-true" in precisions
@@ -60,5 +68,5 @@ def test_a_store_of_one_precision_marks_nothing(tmp_path, data_dir):
     client = tracking.setup(ctx.tracking_uri, "mini")
     pretrain_run(client, ctx, "electra")  # recorded before precision was: unrecorded, never a mix
     text = write_report(ctx, client, tmp_path / "reports", echo=False).read_text()
-    assert "runs of different precisions" not in text
+    assert "runs of different precisions" not in text and "‡" not in text
     assert "No table cell, curve point or verdict mixes precisions." in text

@@ -20,6 +20,7 @@ from electra_ablate.report.tables import TASK_NAMES, table
 from electra_ablate.tracking import attempts
 
 UNRECORDED = "unrecorded"
+MARK = "‡"  # after a GLUE table cell whose runs mix precisions
 THEN = " then "  # joins the values of a run's attempts where they differ
 
 
@@ -104,6 +105,16 @@ def units(data: SweepData, results: Sequence = ()) -> dict[str, list[Unit]]:
         rows = final[final["variant"].isin(labels) & final["task"].isin(r.tasks)]
         out["verdict"].append(unit(f"\"{r.claim.text}\"", rows))
     return out
+
+
+def cell_marks(data: SweepData) -> dict[tuple[str, str], str]:
+    """(variant, task) -> MARK for each GLUE table cell whose runs mix precisions."""
+    s, by = data.scores, Labels.of(data.frame).precision
+    if not len(s):
+        return {}
+    final = s[s["final"].astype(bool)]
+    return {key: MARK for key, rows in final.groupby(["variant", "task"], sort=False)
+            if _mixes(Unit("", [*rows["pretrain_run"].dropna()], list(rows["run_id"])), by)}
 
 
 def _mixes(unit: Unit, labels: Mapping[str, str]) -> str | None:
