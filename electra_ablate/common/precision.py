@@ -4,7 +4,8 @@ On a GPU that is bf16-mixed. On a CPU it depends on the instruction set: with AV
 Intel Cooper Lake) or AMX (Intel Sapphire Rapids+), oneDNN runs bf16 matmuls 2.5-10x faster than fp32 and
 an ELECTRA-Small step ~1.6x faster under bf16-mixed (reports/benchmarks.md); without them bf16 is emulated
 and about 6x slower, so fp32 is chosen. Precision is a speed setting (runtime group): it is never part of a
-run's identity, and every run records the resolved value as the `runtime.resolved_precision` parameter.
+run's identity, and every run records the resolved value as the `runtime.resolved_precision` parameter; a
+resumed run keeps its own precision whatever `auto` means on its machine (tracking/attempts.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from electra_ablate.report import arms, expected_max, verdicts
+from electra_ablate.report import arms, expected_max, precision, verdicts
 from electra_ablate.report import predictions as pr
 from electra_ablate.report.collect import SweepData
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
@@ -39,7 +39,7 @@ def render(data: SweepData, summary: Summary, figures: Mapping[str, str], proven
     if not tasks:
         out += ["No fine-tuning run of a final checkpoint has finished yet.", ""]
     else:
-        out += _glue_section(spec, summary, health, figures, paper)
+        out += _glue_section(spec, summary, health, figures, paper, precision.cell_marks(data))
         out += _spread_section(spec, summary, health)
         out += _pretrain_seed_section(data, summary)
         out += _expected_max_section(summary, figures)
@@ -77,14 +77,15 @@ def _header(data: SweepData, paper: Mapping) -> list[str]:
         for claim in paper[s].get("claims") or []:
             out.append(f"- Paper: {claim}")
         out.append("")
-    for warning in (vocabulary_warning(vocabularies(data)), arms.shape_warning(spec, data.pretrain)):
+    for warning in (vocabulary_warning(vocabularies(data)), arms.shape_warning(spec, data.pretrain),
+                    precision.warning(data)):
         if warning:
             out += [warning, ""]
     return out
 
 
 def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]], figures: Mapping[str, str],
-                  paper: Mapping) -> list[str]:
+                  paper: Mapping, marks: Mapping[tuple[str, str], str] | None = None) -> list[str]:
     """The GLUE table (one row per variant, with the paper's numbers and the difference from the baseline)."""
     tasks = summary.tasks
     out = [
@@ -93,8 +94,9 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
         f"otherwise). {short_glue(tasks)} = mean of the task medians over the tasks run here: {', '.join(TASK_NAMES[t] for t in tasks)}"
         + (" (the paper's GLUE score averages eight tasks, so compare the differences between variants more than "
            "the absolute numbers)." if len(tasks) < 8 else ".") + " A paper number in parentheses is that "
-        "task's published number; * marks a paper GLUE derived as the mean of its per-task numbers.", ""]
-    out += [table(*glue_table(spec, summary, health, paper)), ""]
+        "task's published number; * marks a paper GLUE derived as the mean of its per-task numbers."
+        + (f" {precision.MARK} marks a cell whose runs mix precisions (Precision and hardware)." if marks else ""), ""]
+    out += [table(*glue_table(spec, summary, health, paper, marks)), ""]
     if spec.baseline:
         out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) of the "
                 f"difference in GLUE-of-medians, resampling each task's fine-tuning runs of both variants; an interval "
@@ -114,7 +116,7 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
 
 
 def glue_table(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]],
-               paper: Mapping) -> tuple[list[str], list[list]]:
+               paper: Mapping, marks: Mapping[tuple[str, str], str] | None = None) -> tuple[list[str], list[list]]:
     """The main table's header and rows: one row per variant, with the paper's numbers and the difference from
     the baseline (the report's first table, and what the command prints at its end)."""
     tasks = summary.tasks
@@ -122,16 +124,18 @@ def glue_table(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.Coun
     if spec.baseline:
         header.append(f"Δ vs {spec.baseline} [95% CI]")
     header += ["runs", "degenerate runs"]
-    return header, [_glue_row(spec, v, summary, health, paper) for v in spec.variants]
+    return header, [_glue_row(spec, v, summary, health, paper, marks or {}) for v in spec.variants]
 
 
-def _glue_row(spec, v, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]], paper: Mapping) -> list:
+def _glue_row(spec, v, summary: Summary, health: Mapping[str, Mapping[str, pr.Count]], paper: Mapping,
+              marks: Mapping[tuple[str, str], str]) -> list:
     tasks = summary.tasks
     row_paper, _ = paper_row(spec, v.label, paper)
     cells = [_variant_name(v, row_paper)]
     for t in tasks:
         m = summary.medians.loc[v.label, t]
-        cells.append(fmt(m) + (f" ({row_paper[t]:.1f})" if row_paper and t in row_paper else ""))
+        paper_cell = f" ({row_paper[t]:.1f})" if row_paper and t in row_paper else ""
+        cells.append(fmt(m) + marks.get((v.label, t), "") + paper_cell)
     ours = summary.glue[v.label]
     theirs, derived = paper_glue(row_paper, tasks)
     cells += [f"**{fmt(ours)}**", (fmt(theirs) + ("*" if derived else "")) if theirs is not None else "–",

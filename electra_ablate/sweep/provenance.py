@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import subprocess
 from importlib import metadata
+
+from electra_ablate.common import precision
+from electra_ablate.tracking import attempts
 
 PACKAGES = ("torch", "pytorch-lightning", "hydra-core", "omegaconf", "mlflow", "numpy", "pandas", "scipy",
             "tokenizers", "transformers")
@@ -20,14 +22,11 @@ def environment() -> dict[str, str]:
     for name in PACKAGES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-    gpus = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.strip().replace("\n", ", ")
     return {
         "python": platform.python_version(),
         "packages": ", ".join(f"{k} {v}" for k, v in versions.items()),
-        "hardware": f"{os.cpu_count()} CPU cores ({platform.machine()}); GPUs: {gpus or 'none'}",
+        "hardware": f"{precision.describe_cpu()}, {os.cpu_count()} CPU cores ({platform.machine()}); "
+                    f"GPUs: {attempts.gpu_names()}",
         "platform": platform.platform(),
         "host": platform.node(),
     }

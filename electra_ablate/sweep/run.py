@@ -41,12 +41,14 @@ from omegaconf import DictConfig
 from electra_ablate.common import cli, console, stops
 from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep import cost
+from electra_ablate.sweep import precision as sweep_precision
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
 from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
 from electra_ablate.sweep.progress import PhaseConsole
 from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
+from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock, RunBusyError
 
@@ -171,9 +173,12 @@ def run_sweep(
     dry_run: bool = False,
     command: str = "",
     write_report: ReportWriter | None = None,
+    precision: str = "auto",
 ) -> SweepResult:
     """Run the phases; returns what was launched and the report's path. The sweep itself is one MLflow run
-    (kind=sweep) holding its command, launcher, phases, environment and wall time: the report's provenance."""
+    (kind=sweep) holding its command, launcher, phases, environment, machine, wall time and the one precision
+    every job trains in (`precision`: auto keeps the sweep's recorded one; sweep/precision.py): the report's
+    provenance."""
     unknown = sorted(set(phases) - {"pretrain", "finetune", "report"})
     if unknown:
         raise SweepError(f"unknown phase(s) {unknown}; phases are pretrain, finetune, report")
@@ -183,6 +188,7 @@ def run_sweep(
     validate(ctx)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
     env = environment()
+    ctx, chosen = sweep_precision.applied(ctx, sweep_precision.choose(client, ctx, precision))
     record = None
     if not dry_run:
         for run_id in retire_dead_sweeps(client, ctx):
@@ -192,7 +198,8 @@ def run_sweep(
             tags={tracking.TAG_KIND: "sweep", tracking.TAG_SWEEP: ctx.spec.name, "scale": ctx.spec.scale_name,
                   "command": command or f"python -m electra_ablate.sweep sweep={ctx.spec.name}",
                   "launcher": " ".join(launcher) or "hydra/launcher=basic", "git_commit": tracking.git_commit(),
-                  **env, **process()})
+                  **env, **process(), **attempts.hardware(), attempts.TAG_PRECISION: chosen.precision,
+                  attempts.TAG_PRECISION_HOW: chosen.how})
     results: list[PhaseResult] = []
     report_path = None
     tic = time.perf_counter()
@@ -302,7 +309,7 @@ def main(cfg: DictConfig) -> str | None:
     hydra_args = [o for o in HydraConfig.get().overrides.hydra if not o.startswith("hydra.mode=")]
     command = shell_join(["python", "-m", "electra_ablate.sweep", *HydraConfig.get().overrides.task, *hydra_args])
     result = run_sweep(ctx, launcher_overrides(hydra_args), list(cfg.phases), Path(cfg.report_dir), bool(cfg.dry_run),
-                       command, instantiate(cfg.report_writer))
+                       command, instantiate(cfg.report_writer), str(cfg.precision))
     if cfg.dry_run:
         for r in result.phases:
             print(f"{r.name}: {r.jobs} job(s) launched (dry run: printed above, not run)")

@@ -185,6 +185,11 @@ TAG_RESTARTS = "restarts"  # JSON list: why and from which step each later attem
 TAG_END_REASON = "end_reason"  # why a run ended other than FINISHED (signal, superseded, ...)
 
 
+def next_attempt(run) -> int:
+    """The number of the attempt that would take over `run` (an mlflow Run): its `attempts` tag plus one."""
+    return int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
+
+
 class RunLogger:
     """One MLflow run: params and tags up front, metrics buffered and flushed in batches.
 
@@ -235,7 +240,7 @@ class RunLogger:
         it goes on (e.g. "resumed from step 8", "restarted from step 0: no checkpoint")."""
         # RunData keeps the latest_metrics rows, whose step is each metric's newest step.
         logged = {m.key: int(m.step) for m in getattr(run.data, "_metric_objs", [])}
-        attempts = int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
+        attempts = next_attempt(run)
         restarts = json.loads(run.data.tags.get(TAG_RESTARTS, "[]"))
         restarts.append({"attempt": attempts, "how": how, "previous_status": run.info.status,
                          "at": time.strftime("%Y-%m-%d %H:%M:%S")})

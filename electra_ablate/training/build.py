@@ -5,6 +5,7 @@ the Lightning Trainer, and the paper's FLOPs accounting of one step."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,10 @@ from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraForPretraining, EncoderConfig
 from electra_ablate.models.flops import STAGES, pretrain_flops_per_step
 from electra_ablate.sharing.base import SharingMode
+from electra_ablate.tracking import attempts
 from electra_ablate.training.checks import MODEL_KEYS
+
+log = logging.getLogger(__name__)
 
 
 # Lightning warns that a checkpoint of a run that steps its optimizers by hand (algorithms/two_stage.py,
@@ -32,6 +36,18 @@ warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual opt
 
 resolve_precision = precision.for_config  # where a run of cfg trains, and at which precision (common/precision.py)
 on_gpu = precision.on_gpu
+
+
+def attempt_precision(cfg: DictConfig, previous=None) -> attempts.Choice:
+    """The precision this attempt of a run of `cfg` trains in (tracking/attempts.py): a run it continues
+    (`previous`, an mlflow Run) keeps its own unless runtime.precision names one; where this machine is much slower
+    at it, one warning line says so before any compute."""
+    choice = attempts.choose(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator), previous)
+    if choice.warning:
+        log.warning("%s", choice.warning)
+    else:
+        log.info("precision %s: %s", choice.precision, choice.how)
+    return choice
 
 
 def data_module(cfg: DictConfig) -> PretrainDataModule:
@@ -134,8 +150,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, tmp, storage_options)
 
 
-def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback]) -> pl.Trainer:
-    """The Lightning Trainer: the `trainer` group's placement and steps, checkpoints every
+def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback],
+            run_precision: str | None = None) -> pl.Trainer:
+    """The Lightning Trainer: the `trainer` group's placement and steps, `run_precision` (else what
+    runtime.precision resolves to here), checkpoints every
     trainer.checkpoint_every_n_steps under `store` (written whole or not at all), no Lightning logger (metrics go to
     MLflow in batches)."""
     return pl.Trainer(
@@ -144,7 +162,7 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         devices=cfg.trainer.devices,
         strategy=cfg.trainer.strategy,
         num_nodes=cfg.trainer.num_nodes,
-        precision=resolve_precision(cfg),
+        precision=run_precision or resolve_precision(cfg),
         # Algorithms that step their optimizers by hand clip and accumulate themselves.
         gradient_clip_val=cfg.optim.max_grad_norm if automatic_optimization else None,
         accumulate_grad_batches=cfg.trainer.accumulate_grad_batches if automatic_optimization else 1,

@@ -31,8 +31,10 @@ from electra_ablate.glue.metrics import glue_score, task_score
 from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.models import fast
+from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock, RunBusyError
+from electra_ablate.training.build import attempt_precision
 from electra_ablate.training.finetune_checks import validate
 from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
                                                      resolve_pretrained)
@@ -132,10 +134,12 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
                 for split, examples in data.items()}
     dev = {s.name: features[s.name] for s in task.dev_splits}
     optim = protocol(cfg, pretrained)
-    params = _run_params(cfg, ident, pretrained, optim, len(features["train"]), vocab_digest)
-    run = _open_run(cfg, client, runs, task, pretrained, cfg_hash, params)
+    # A run restarted in place keeps the precision of its earlier attempts, whatever `auto` means here.
+    choice = attempt_precision(cfg, runs[0] if runs else None)
+    params = _run_params(cfg, ident, pretrained, optim, len(features["train"]), vocab_digest, choice.precision)
+    run = _open_run(cfg, client, runs, task, pretrained, cfg_hash, params, choice)
     try:
-        system = _fit(cfg, task, task_cfg, pretrained, optim, features, dev, tokenizer, run)
+        system = _fit(cfg, task, task_cfg, pretrained, optim, features, dev, tokenizer, run, choice.precision)
         final, score = _log_scores(run, task, system)
         out = Path(cfg.paths.output_dir) / "predictions" / task.name / "dev_predictions.tsv"
         run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
@@ -143,7 +147,7 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
             test_preds = {
                 split: submit.predict(system, _features(cfg, task, examples, pretrained, tokenizer, vocab_digest),
                                       int(cfg.glue_data.eval_batch_size), tokenizer.token_to_id("[PAD]") or 0,
-                                      precision(cfg) if on_gpu(cfg) else None)
+                                      choice.precision if on_gpu(cfg) else None)
                 for split, examples in test.items()
             }
             out = out.with_name("test_predictions.tsv")
@@ -171,7 +175,7 @@ def _features(cfg, task: glue.TaskSpec, examples, pretrained: Pretrained, tokeni
 
 
 def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, train_examples: int,
-                vocab_digest: str) -> dict[str, str]:
+                vocab_digest: str, run_precision: str) -> dict[str, str]:
     """The run's MLflow params: its identity, and what was resolved from it (provenance, not identity)."""
     params = tracking.flatten(ident)
     params.update({"resolved.size": pretrained.size, "resolved.lr": str(optim.lr),
@@ -183,14 +187,15 @@ def _run_params(cfg, ident: dict, pretrained: Pretrained, optim: OptimSettings, 
                    "reinit_top_layers": str(cfg.reinit_top_layers),
                    "preset": str(cfg.get("preset")),  # the named recipe, if any (not part of the identity)
                    "resolved.train_examples": str(train_examples),
-                   "runtime.resolved_precision": precision(cfg),
+                   attempts.PARAM_RESOLVED_PRECISION: run_precision,
                    tracking.PARAM_VOCAB_SHA256: vocab_digest})
     return params
 
 
 def _open_run(cfg, client, runs, task: glue.TaskSpec, pretrained: Pretrained, cfg_hash: str,
-              params: dict[str, str]) -> tracking.RunLogger:
-    """The identity's MLflow run, nested under the pre-training run; its other runs retired."""
+              params: dict[str, str], choice: attempts.Choice) -> tracking.RunLogger:
+    """The identity's MLflow run, nested under the pre-training run, tagged with the attempt's precision and
+    machine (tracking/attempts.py); its other runs retired."""
     tags = {
         tracking.TAG_KIND: "finetune",
         "task": task.name,
@@ -210,8 +215,10 @@ def _open_run(cfg, client, runs, task: glue.TaskSpec, pretrained: Pretrained, cf
         # One run per identity: an interrupted one starts again from step 0 in place (fine-tuning saves no
         # checkpoint: a run is minutes long); steps it had already logged are not logged twice.
         run = tracking.RunLogger.adopt(client, runs[0], "restarted from step 0 in place (fine-tuning keeps no checkpoint)",
-                                      {k: v for k, v in tags.items() if k != tracking.TAG_CONFIG_HASH})
+                                      {**{k: v for k, v in tags.items() if k != tracking.TAG_CONFIG_HASH},
+                                       **attempts.attempt_tags(tracking.next_attempt(runs[0]), choice)})
     else:
+        tags.update(attempts.attempt_tags(1, choice))
         run = tracking.RunLogger.start(client, cfg.logger.experiment, f"{task.name}-s{cfg.seed}", tags, params,
                                        parent_run_id=None if cfg.random_init else pretrained.run_id)
     tracking.retire_stale(client, runs, keep=run.run_id)
@@ -219,9 +226,10 @@ def _open_run(cfg, client, runs, task: glue.TaskSpec, pretrained: Pretrained, cf
 
 
 def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: OptimSettings,
-         features: dict[str, Features], dev: dict[str, Features], tokenizer, run: tracking.RunLogger) -> FinetuneSystem:
-    """Seed, build the system and its data, and train it for task.epochs (or trainer.max_steps), ending with an
-    evaluation at the last step; metrics go to `run` as they come."""
+         features: dict[str, Features], dev: dict[str, Features], tokenizer, run: tracking.RunLogger,
+         run_precision: str) -> FinetuneSystem:
+    """Seed, build the system and its data, and train it for task.epochs (or trainer.max_steps) in `run_precision`,
+    ending with an evaluation at the last step; metrics go to `run` as they come."""
     d = cfg.glue_data
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     torch.set_float32_matmul_precision(str(cfg.runtime.matmul_precision))
@@ -249,7 +257,7 @@ def _fit(cfg, task: glue.TaskSpec, task_cfg, pretrained: Pretrained, optim: Opti
         max_steps=int(cfg.trainer.max_steps),
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
-        precision=precision(cfg),
+        precision=run_precision,
         gradient_clip_val=float(cfg.finetune_optim.max_grad_norm),
         logger=False,
         enable_checkpointing=False,

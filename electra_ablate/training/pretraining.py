@@ -18,10 +18,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from electra_ablate.common import io, stops
+from electra_ablate.common import io, precision, stops
 from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
+from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
 from electra_ablate.training import build
@@ -108,7 +109,12 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     dm = build.data_module(cfg)
     dm.prepare()
     _, _, system = build.trained_system(cfg, dm)
-    trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
+    # The first process's precision: the run's own, read from the store as the first process reads it.
+    client = tracking.existing_client(cfg.logger.tracking_uri, cfg.logger.experiment)
+    runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg)) if client else []
+    choice = attempts.choose(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator),
+                             runs[0] if runs else None)
+    trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []), choice.precision)
     last_ckpt = store / "checkpoints" / "last.ckpt"
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
     stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None,
@@ -144,6 +150,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
                     done.info.run_id, cfg_hash, ", ".join(missing))
     # One run per identity: the finished run whose outputs are gone, else the newest interrupted one.
     previous = done if done is not None else (runs[0] if runs else None)
+    choice = build.attempt_precision(cfg, previous)  # a resumed run keeps its precision, whatever `auto` means here
 
     last_ckpt = store / "checkpoints" / "last.ckpt"
     sharing = build.sharing_mode(cfg)
@@ -152,13 +159,14 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     exports = Exports(cfg, store, system, sharing, dm.vocab_path)
     export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
     trainer = build.trainer(cfg, store, system.automatic_optimization,
-                            [ExportPretrained(export_steps, exports.save), Heartbeat(), *(callbacks or [])])
+                            [ExportPretrained(export_steps, exports.save), Heartbeat(), *(callbacks or [])],
+                            choice.precision)
     build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 
     resume = previous is not None and last_ckpt.is_file()
     with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
-        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget)
+        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget, choice)
     try:
         tracking.retire_stale(client, runs, keep=run.run_id)
         system.metrics_sink = run.log_metrics
@@ -266,23 +274,25 @@ def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer)
 
 
 def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, resume: bool, last_ckpt: Path,
-              dm: PretrainDataModule, budget: dict[str, float]) -> tracking.RunLogger:
+              dm: PretrainDataModule, budget: dict[str, float], choice: attempts.Choice) -> tracking.RunLogger:
     """The identity's run continues: from the last checkpoint when there is one (metrics already logged are not
-    logged again), else from step 0 in place; with no previous run, a new one with the config as params."""
+    logged again), else from step 0 in place; with no previous run, a new one with the config as params. Either
+    way the attempt's precision and machine are tagged (tracking/attempts.py)."""
     if previous is not None:
         how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
         if previous.info.status == "FINISHED":
             how += "; its outputs were missing"
-        run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
+        run = tracking.RunLogger.adopt(client, previous, how, {
+            "store": str(store), **attempts.attempt_tags(tracking.next_attempt(previous), choice)})
         log.info("run %s (%s): %s", previous.info.run_id, previous.info.status, how)
         return run
     run = tracking.RunLogger.start(
         client,
         cfg.logger.experiment,
         run_name=cfg.run_name,
-        tags=run_tags(cfg, cfg_hash),
+        tags={**run_tags(cfg, cfg_hash), **attempts.attempt_tags(1, choice)},
         params={**tracking.flatten(OmegaConf.to_container(cfg, resolve=True)), **data_provenance(dm),
-                "runtime.resolved_precision": build.resolve_precision(cfg),
+                attempts.PARAM_RESOLVED_PRECISION: choice.precision,
                 **{k: str(round(v, 4) if isinstance(v, float) else v) for k, v in budget.items()}},
     )
     run.set_tags({"store": str(store), "hydra_output_dir": str(cfg.paths.output_dir)})
