@@ -205,7 +205,8 @@ class SignalAt(pl.Callback):
                          ids=["SIGTERM-while-writing-a-checkpoint", "SIGINT-after-a-step"])
 def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(tmp_path, pretrain_cfg, sig,
                                                                               in_checkpoint):
-    from electra_ablate.training.pretraining import _checkpoint_step, train
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step
 
     cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4",
                        "logger.log_every_n_steps=2", "optim.warmup_steps=2")
@@ -217,7 +218,7 @@ def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(t
     (run,) = client.search_runs([client.get_experiment_by_name(cfg.logger.experiment).experiment_id])
     assert run.info.status == "KILLED" and run.data.tags[tracking.TAG_END_REASON] == f"stopped by {sig.name}"
     (ckpt,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints/last.ckpt")
-    assert _checkpoint_step(ckpt) == step  # whole, and of the step it stopped after
+    assert checkpoint_step(ckpt) == step  # whole, and of the step it stopped after
     assert not list(ckpt.parent.glob(".*tmp*"))
     assert f"at step {step} of 12" in stops.line(sig) and f"checkpoint at step {step} is saved" in stops.line(sig)
 
@@ -227,6 +228,64 @@ def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(t
     assert again.info.status == "FINISHED" and again.data.tags[tracking.TAG_ATTEMPTS] == "2"
     assert json.loads(again.data.tags[tracking.TAG_RESTARTS])[-1]["how"].startswith("resumed from")
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(2, 13, 2))
+
+
+class Killed(RuntimeError):
+    pass
+
+
+class KilledAt(pl.Callback):
+    """Ends training at `step` as a SIGKILL does, as far as the run's folder goes: nothing more is written to it."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise Killed(f"killed at step {self.step}")
+
+
+class StartedAt(pl.Callback):
+    """Notes the step training starts from (a resume's checkpoint's)."""
+
+    step: int | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.step = trainer.global_step
+
+
+@pytest.mark.parametrize("folder_of", ["today", "before"])
+def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, folder_of):
+    """Stopped before its first periodic checkpoint, resumed, killed after two more: the next resume starts from
+    the newest. Lightning's version counter used to put the resumed process's checkpoints beside the stop's
+    last.ckpt (last-v1.ckpt, ...), and a resume read last.ckpt; a folder written so still resumes from the newest."""
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step
+
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4",
+                       "logger.log_every_n_steps=2", "optim.warmup_steps=2")
+    with stops.handled(), pytest.raises(stops.Stopped):
+        train(cfg, callbacks=[SignalAt(2)])
+    (folder,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints")
+    stopped = (folder / "last.ckpt").read_bytes()
+    assert checkpoint_step(folder / "last.ckpt") == 2
+    stops.reset()
+    with pytest.raises(Killed):
+        train(cfg, callbacks=[KilledAt(9)])  # resumed at step 2; periodic checkpoints at steps 4 and 8
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"] and checkpoint_step(folder / "last.ckpt") == 8
+    if folder_of == "before":
+        (folder / "last.ckpt").rename(folder / "last-v1.ckpt")
+        (folder / "last.ckpt").write_bytes(stopped)
+
+    started = StartedAt()
+    run_id = train(cfg, callbacks=[started])
+    assert started.step == 8
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_ATTEMPTS] == "3"
+    newest = "last-v1.ckpt" if folder_of == "before" else "last.ckpt"
+    assert json.loads(run.data.tags[tracking.TAG_RESTARTS])[-1]["how"] == f"resumed from {folder / newest}"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == list(range(2, 13, 2))
 
 
 # --- refusals touch nothing -----------------------------------------------------------------------------------

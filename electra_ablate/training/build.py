@@ -136,8 +136,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback]) -> pl.Trainer:
     """The Lightning Trainer: the `trainer` group's placement and steps, checkpoints every
-    trainer.checkpoint_every_n_steps under `store` (written whole or not at all), no Lightning logger (metrics go to
-    MLflow in batches)."""
+    trainer.checkpoint_every_n_steps to `store`/checkpoints/last.ckpt (written whole or not at all), no Lightning
+    logger (metrics go to MLflow in batches)."""
     return pl.Trainer(
         max_steps=cfg.trainer.max_steps,
         accelerator=cfg.trainer.accelerator,
@@ -153,8 +153,10 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         enable_model_summary=False,
         default_root_dir=str(store),
         callbacks=[
+            # Every save overwrites last.ckpt: with Lightning's version counter, a resumed process that found a stop's
+            # last.ckpt in place wrote last-v1.ckpt, last-v2.ckpt, ... beside it, which a resume did not read.
             pl.callbacks.ModelCheckpoint(dirpath=str(store / "checkpoints"), every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
-                                         save_top_k=0, save_last=True),
+                                         save_top_k=0, save_last=True, enable_version_counter=False),
             *([fast.CompileTimer()] if fast.compile_scope(cfg.runtime) != "false" else []),
             *callbacks,
         ],

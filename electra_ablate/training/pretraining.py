@@ -24,7 +24,7 @@ from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
-from electra_ablate.training import build
+from electra_ablate.training import build, run_folder
 from electra_ablate.training.checks import validate
 from electra_ablate.training.heartbeat import Heartbeat
 
@@ -109,10 +109,10 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     dm.prepare()
     _, _, system = build.trained_system(cfg, dm)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
-    last_ckpt = store / "checkpoints" / "last.ckpt"
+    start = run_folder.newest_checkpoint(store / "checkpoints")  # the one the first process resumes from
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
-    stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None,
-              on_stop=lambda t: t.save_checkpoint(last_ckpt))
+    stops.fit(trainer, system, datamodule=dm, ckpt_path=str(start) if start else None,
+              on_stop=lambda t: t.save_checkpoint(store / "checkpoints" / run_folder.LAST))
 
 
 def missing_outputs(run) -> list[str]:
@@ -145,7 +145,8 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     # One run per identity: the finished run whose outputs are gone, else the newest interrupted one.
     previous = done if done is not None else (runs[0] if runs else None)
 
-    last_ckpt = store / "checkpoints" / "last.ckpt"
+    checkpoints = store / "checkpoints"
+    last_ckpt = checkpoints / run_folder.LAST  # every checkpoint is written here
     sharing = build.sharing_mode(cfg)
     model, generator, system = build.trained_system(cfg, dm, sharing)
 
@@ -156,16 +157,17 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 
-    resume = previous is not None and last_ckpt.is_file()
+    # The newest whole checkpoint: last.ckpt, or a last-v<N>.ckpt that a folder written before holds.
+    start = run_folder.newest_checkpoint(checkpoints) if previous is not None else None
     with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
-        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget)
+        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, start, last_ckpt, dm, budget)
     try:
         tracking.retire_stale(client, runs, keep=run.run_id)
         system.metrics_sink = run.log_metrics
         system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
-        system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
+        system.last_good_checkpoint = lambda: _str_or_none(run_folder.newest_checkpoint(checkpoints))
         # A stop (Ctrl-C, SIGTERM) ends training after the current step and saves the checkpoint of that step.
-        stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None,
+        stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
                   on_stop=lambda t: t.save_checkpoint(last_ckpt))
         with stops.deferred(raise_after=False):  # the final export and the run's end are written whole
             final = exports.save(trainer.global_step, "final")
@@ -178,7 +180,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
         status, reason = tracking.end_status(error)
         run.finish(status, reason)
         if status == "KILLED" and stops.received() is not None:
-            stops.report(_stopped(cfg, run.run_id, error, last_ckpt))
+            stops.report(_stopped(cfg, run.run_id, error, checkpoints))
         if cfg.sweep.keep_going and isinstance(error, Exception) and status != "KILLED":
             log.exception("pre-training failed; run %s marked %s, going on (sweep.keep_going=true)", run.run_id, status)
             return None
@@ -187,26 +189,19 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     return run.run_id
 
 
-def _stopped(cfg: DictConfig, run_id: str, error: BaseException, last_ckpt: Path) -> str:
+def _str_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+def _stopped(cfg: DictConfig, run_id: str, error: BaseException, checkpoints: Path) -> str:
     """The stop's line: the run, the step it stopped after, where it resumes from."""
     step = getattr(error, "step", None)
     at = f" at step {step} of {cfg.trainer.max_steps}" if step is not None else ""
-    saved = _checkpoint_step(last_ckpt)
+    newest = run_folder.newest_checkpoint(checkpoints)
+    saved = run_folder.checkpoint_step(newest) if newest is not None else None
     resume = (f"its checkpoint at step {saved} is saved: the same command resumes from it" if saved is not None
               else "no checkpoint was saved yet: the same command starts it again from step 0 in the same run")
     return f"pre-training {cfg.run_name}{at} (MLflow run {run_id}) is recorded KILLED; {resume}"
-
-
-def _checkpoint_step(path: Path) -> int | None:
-    """The global step of a Lightning checkpoint, or None when there is none."""
-    if not path.is_file():
-        return None
-    import torch
-
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
-    except Exception:  # noqa: BLE001 - unreadable: no step to name
-        return None
 
 
 class Exports:
@@ -265,12 +260,12 @@ def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer)
     return budget
 
 
-def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, resume: bool, last_ckpt: Path,
+def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, start: Path | None, last_ckpt: Path,
               dm: PretrainDataModule, budget: dict[str, float]) -> tracking.RunLogger:
     """The identity's run continues: from the last checkpoint when there is one (metrics already logged are not
     logged again), else from step 0 in place; with no previous run, a new one with the config as params."""
     if previous is not None:
-        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
+        how = (f"resumed from {start}" if start else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
         if previous.info.status == "FINISHED":
             how += "; its outputs were missing"
         run = tracking.RunLogger.adopt(client, previous, how, {"store": str(store)})
