@@ -288,6 +288,32 @@ def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, folder_of)
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == list(range(2, 13, 2))
 
 
+def test_the_process_tree_a_stop_ends_is_read_on_any_system():
+    """A multirun's process tree (which a stopped sweep or multirun ends) comes from psutil, not /proc, which only
+    Linux has: parent, process group and command line of each process, a child found under its parent, and a
+    marker per process. On Linux the table says what /proc says."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "a job's argument"],
+                             start_new_session=True)
+    try:
+        table = stops.processes()
+        me = os.getpid()
+        assert table[me][:2] == (os.getppid(), os.getpgid(0))
+        assert table[child.pid] == (me, child.pid, f"{sys.executable}\0-c\0import time; time.sleep(60)\0a job's argument")
+        assert stops.descendants(me)[child.pid] == (me, table[child.pid][2])
+        assert child.pid in stops.job_hosts(stops.descendants(me))
+        assert stops._marker(child.pid) == stops._marker(child.pid) != stops._marker(me)
+        if Path("/proc/self/stat").is_file():
+            for pid in (me, child.pid):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0")
+                assert table[pid] == (int(fields[1]), int(fields[2]), cmdline)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in stops.processes()
+
+
 # --- refusals touch nothing -----------------------------------------------------------------------------------
 
 
