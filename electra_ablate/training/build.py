@@ -29,6 +29,9 @@ from electra_ablate.training.checks import MODEL_KEYS
 # adversarial.py) holds the weights after step N; saved beside global_step N and the optimizer's state after step N,
 # that is exactly what resuming needs, so the warning (and its example code) only clutters the log.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
+# A run's folder may move (training/run_folder.py); its checkpoints then name the folder they were written in, and
+# Lightning warns that it keeps none of their ModelCheckpoint bookkeeping, none of which a run here uses.
+warnings.filterwarnings("ignore", message="The dirpath has changed from", category=UserWarning)
 
 resolve_precision = precision.for_config  # where a run of cfg trains, and at which precision (common/precision.py)
 on_gpu = precision.on_gpu

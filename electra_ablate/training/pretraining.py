@@ -18,7 +18,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from electra_ablate.common import io, stops
+from electra_ablate.common import stops
 from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
@@ -115,14 +115,32 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
               on_stop=lambda t: t.save_checkpoint(store / "checkpoints" / run_folder.LAST))
 
 
-def missing_outputs(run) -> list[str]:
-    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk."""
+def missing_outputs(run, store: Path | None = None) -> list[str]:
+    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk; with its `store`, one
+    found there by its tail (the store moved since: run_folder.located) is not missing."""
     tags = run.data.tags
     paths = [tags[tracking.TAG_CHECKPOINT]] if tracking.TAG_CHECKPOINT in tags else []
     paths += list(json.loads(tags.get("checkpoints", "{}")).values())
     if not paths:
         return ["(no checkpoint_path tag)"]
-    return [p for p in dict.fromkeys(paths) if not is_complete(p)]
+    return [p for p in dict.fromkeys(paths) if not is_complete(run_folder.located(store, p) if store else p)]
+
+
+def _relocate(client, run, store: Path) -> None:
+    """Point a FINISHED run's tags at its store and its exports where they are now, once the store has moved, for
+    what reads them (fine-tuning, the sweep's planner, the report, export)."""
+    tags = run.data.tags
+    now = {"store": str(store)} if "store" in tags and not Path(tags["store"]).is_dir() else {}
+    if tracking.TAG_CHECKPOINT in tags:
+        now[tracking.TAG_CHECKPOINT] = str(run_folder.located(store, tags[tracking.TAG_CHECKPOINT]))
+    if "checkpoints" in tags:
+        saved = json.loads(tags["checkpoints"])
+        now["checkpoints"] = json.dumps({k: str(run_folder.located(store, v)) for k, v in saved.items()}, sort_keys=True)
+    changed = {k: v for k, v in now.items() if tags.get(k) != v}
+    for key, value in changed.items():
+        client.set_tag(run.info.run_id, key, value)
+    if changed:
+        log.info("run %s: its outputs moved to %s; its tags %s now say so", run.info.run_id, store, sorted(changed))
 
 
 def is_complete(path: str | Path) -> bool:
@@ -135,8 +153,9 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
-        missing = missing_outputs(done)
+        missing = missing_outputs(done, store)
         if not missing:
+            _relocate(client, done, store)
             tracking.retire_stale(client, runs, keep=done.info.run_id)
             log.info("already pre-trained: run %s (config %s); nothing to do", done.info.run_id, cfg_hash)
             return done.info.run_id
@@ -206,18 +225,18 @@ def _stopped(cfg: DictConfig, run_id: str, error: BaseException, checkpoints: Pa
 
 class Exports:
     """The pre-trained directories of one run (models/checkpoint.py format): saved at the export steps and at
-    the end, listed in <store>/checkpoints.json and in the run's `checkpoints` tag."""
+    the end, listed in <store>/checkpoints.json (relative to the store: training/run_folder.py) and in the run's
+    `checkpoints` tag (where they are now)."""
 
     def __init__(self, cfg: DictConfig, store: Path, system: pl.LightningModule, sharing, vocab_path: Path):
         self.cfg, self.store, self.system, self.sharing, self.vocab_path = cfg, store, system, sharing, vocab_path
-        listing = store / "checkpoints.json"
-        self.saved: dict[str, str] = json.loads(listing.read_text()) if listing.is_file() else {}  # step -> directory
+        self.saved: dict[str, Path] = run_folder.read_exports(store)  # step -> directory
         self.run: tracking.RunLogger | None = None  # set once the run is open, before the first step
 
     def save(self, step: int, name: str | None = None) -> Path:
         cfg, system = self.cfg, self.system
         directory = self.store / "pretrained" / (name or f"step_{step}")
-        if name is None and self.saved.get(str(step)) == str(directory) and is_complete(directory):
+        if name is None and self.saved.get(str(step)) == directory and is_complete(directory):
             # A resumed run passes a step it had exported before it stopped. That export stays as it is: it
             # may be fine-tuned already, or being fine-tuned now (sweep.plan.saved_so_far).
             log.info("step %d: %s was exported before the run stopped; kept as it is", step, directory)
@@ -239,9 +258,9 @@ class Exports:
             },
             generator=nets.generator,
         )
-        self.saved[str(step)] = str(path)
-        io.write_text(self.store / "checkpoints.json", json.dumps(self.saved, indent=1, sort_keys=True))
-        self.run.set_tags({"checkpoints": json.dumps(self.saved, sort_keys=True)})
+        self.saved[str(step)] = Path(path)
+        run_folder.write_exports(self.store, self.saved)
+        self.run.set_tags({"checkpoints": json.dumps({k: str(v) for k, v in self.saved.items()}, sort_keys=True)})
         return path
 
 
