@@ -97,6 +97,22 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, s
     assert all(torch.allclose(kept[k], reference[k], rtol=1e-5, atol=1e-6) for k in reference)
 
 
+def test_a_listed_export_is_found_where_its_folder_is_now(tmp_path):
+    from electra_ablate.training.run_folder import located, read_exports, write_exports
+
+    old, now = tmp_path / "old" / "run", tmp_path / "new" / "run"
+    (old / "pretrained" / "step_2").mkdir(parents=True)
+    (now / "pretrained" / "step_4").mkdir(parents=True)
+    assert located(now, "pretrained/step_4") == now / "pretrained" / "step_4"
+    assert located(now, str(old / "pretrained" / "step_2")) == old / "pretrained" / "step_2"  # still there: as it is
+    assert located(now, str(tmp_path / "gone" / "run" / "pretrained" / "step_4")) == now / "pretrained" / "step_4"
+    assert located(now, "/gone/pretrained/step_8") == Path("/gone/pretrained/step_8")  # nowhere: as recorded
+    write_exports(now, {"4": now / "pretrained" / "step_4", "2": old / "pretrained" / "step_2"})
+    assert json.loads((now / "checkpoints.json").read_text()) == {"2": str(old / "pretrained" / "step_2"),
+                                                                  "4": "pretrained/step_4"}
+    assert read_exports(now) == {"2": old / "pretrained" / "step_2", "4": now / "pretrained" / "step_4"}
+
+
 @pytest.mark.parametrize("listing", ["relative", "absolute"])
 def test_a_moved_store_finds_its_exports(tmp_path, pretrain_cfg, stop_at, listing):
     """checkpoints.json names the exports relative to the run's folder: a store moved to another folder (outputs

@@ -254,6 +254,25 @@ class StartedAt(pl.Callback):
         self.step = trainer.global_step
 
 
+def test_a_folder_written_before_resumes_from_its_newest_checkpoint(tmp_path):
+    """last.ckpt of a stop at step 45 and last-v1.ckpt of the periodic save at step 200 that followed it: the resume
+    reads step 200's; a file that is not a whole checkpoint, or another name, is passed over."""
+    import torch
+
+    from electra_ablate.training.run_folder import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path / "none") is None and newest_checkpoint(tmp_path) is None
+    torch.save({"global_step": 45}, tmp_path / "last.ckpt")
+    assert newest_checkpoint(tmp_path) == tmp_path / "last.ckpt"
+    torch.save({"global_step": 200}, tmp_path / "last-v1.ckpt")
+    torch.save({"global_step": 100}, tmp_path / "last-v2.ckpt")
+    torch.save({"global_step": 900}, tmp_path / "epoch=0-step=900.ckpt")
+    (tmp_path / "last-v3.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    assert newest_checkpoint(tmp_path) == tmp_path / "last-v1.ckpt"
+    torch.save({"global_step": 200}, tmp_path / "last.ckpt")  # a tie: last.ckpt, where every save goes now
+    assert newest_checkpoint(tmp_path) == tmp_path / "last.ckpt"
+
+
 @pytest.mark.parametrize("folder_of", ["today", "before"])
 def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, folder_of):
     """Stopped before its first periodic checkpoint, resumed, killed after two more: the next resume starts from
