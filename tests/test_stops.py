@@ -230,21 +230,6 @@ def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(t
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(2, 13, 2))
 
 
-class Killed(RuntimeError):
-    pass
-
-
-class KilledAt(pl.Callback):
-    """Ends training at `step` as a SIGKILL does, as far as the run's folder goes: nothing more is written to it."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step == self.step:
-            raise Killed(f"killed at step {self.step}")
-
-
 class StartedAt(pl.Callback):
     """Notes the step training starts from (a resume's checkpoint's)."""
 
@@ -274,7 +259,7 @@ def test_a_folder_written_before_resumes_from_its_newest_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("folder_of", ["today", "before"])
-def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, folder_of):
+def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, stop_at, folder_of):
     """Stopped before its first periodic checkpoint, resumed, killed after two more: the next resume starts from
     the newest. Lightning's version counter used to put the resumed process's checkpoints beside the stop's
     last.ckpt (last-v1.ckpt, ...), and a resume read last.ckpt; a folder written so still resumes from the newest."""
@@ -289,8 +274,8 @@ def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, folder_of)
     stopped = (folder / "last.ckpt").read_bytes()
     assert checkpoint_step(folder / "last.ckpt") == 2
     stops.reset()
-    with pytest.raises(Killed):
-        train(cfg, callbacks=[KilledAt(9)])  # resumed at step 2; periodic checkpoints at steps 4 and 8
+    with pytest.raises(RuntimeError, match="simulated crash"):  # writes nothing more to the folder, as SIGKILL
+        train(cfg, callbacks=[stop_at(9)])  # resumed at step 2; periodic checkpoints at steps 4 and 8
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"] and checkpoint_step(folder / "last.ckpt") == 8
     if folder_of == "before":
         (folder / "last.ckpt").rename(folder / "last-v1.ckpt")
@@ -563,6 +548,45 @@ def test_sigterm_stops_pretraining_with_one_line_and_the_same_command_resumes_it
     again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr[-3000:]
     finished_once_each_step(home, 1)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_resume_continues_from_its_newest_checkpoint(tmp_path, pretrain_cfg, data_dir,
+                                                                            token_cache):
+    """Stopped by SIGTERM before its first periodic checkpoint, resumed by the real command, which SIGKILL ends
+    after two periodic checkpoints: the next resume starts from the newest of them, not from the stop."""
+    from conftest import TINY_PRETRAIN
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step, newest_checkpoint
+
+    common = ["objective=bert", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=10",
+              "logger.log_every_n_steps=2", "optim.warmup_steps=2"]
+    cfg = pretrain_cfg(tmp_path, *common)
+    with stops.handled(), pytest.raises(stops.Stopped):
+        train(cfg, callbacks=[SignalAt(3)])
+    (folder,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints")
+    stops.reset()
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(token_cache), "logger.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                **dict(o.split("=", 1) for o in common)}  # the same settings as `cfg`: the same identity
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", *(f"{k}={v}" for k, v in settings.items())]
+    def two_periodic_checkpoints():
+        newest = newest_checkpoint(folder)
+        return newest is not None and checkpoint_step(newest) >= 20
+
+    status, _, err = stop_when(cmd, two_periodic_checkpoints, env(), sig=signal.SIGKILL)
+    assert status == -signal.SIGKILL, err[-3000:]
+    newest = checkpoint_step(folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["last.ckpt"]
+    assert 20 <= newest < 200
+
+    started = StartedAt()
+    run_id = train(cfg, callbacks=[started])
+    assert started.step == newest
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == list(range(2, 201, 2))
 
 
 @pytest.mark.slow
