@@ -111,7 +111,7 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []))
     start = run_folder.newest_checkpoint(store / "checkpoints")  # the one the first process resumes from
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
-    stops.fit(trainer, system, datamodule=dm, ckpt_path=str(start) if start else None,
+    stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
               on_stop=lambda t: t.save_checkpoint(store / "checkpoints" / run_folder.LAST))
 
 
@@ -281,7 +281,7 @@ def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer)
 
 def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, start: Path | None, last_ckpt: Path,
               dm: PretrainDataModule, budget: dict[str, float]) -> tracking.RunLogger:
-    """The identity's run continues: from the last checkpoint when there is one (metrics already logged are not
+    """The identity's run continues: from its newest checkpoint when there is one (metrics already logged are not
     logged again), else from step 0 in place; with no previous run, a new one with the config as params."""
     if previous is not None:
         how = (f"resumed from {start}" if start else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
