@@ -97,6 +97,61 @@ def test_interrupted_run_resumes_with_identical_losses(tmp_path, pretrain_cfg, s
     assert all(torch.allclose(kept[k], reference[k], rtol=1e-5, atol=1e-6) for k in reference)
 
 
+def test_a_listed_export_is_found_where_its_folder_is_now(tmp_path):
+    from electra_ablate.training.run_folder import located, read_exports, write_exports
+
+    old, now = tmp_path / "old" / "run", tmp_path / "new" / "run"
+    (old / "pretrained" / "step_2").mkdir(parents=True)
+    (now / "pretrained" / "step_4").mkdir(parents=True)
+    assert located(now, "pretrained/step_4") == now / "pretrained" / "step_4"
+    assert located(now, str(old / "pretrained" / "step_2")) == old / "pretrained" / "step_2"  # still there: as it is
+    assert located(now, str(tmp_path / "gone" / "run" / "pretrained" / "step_4")) == now / "pretrained" / "step_4"
+    assert located(now, "/gone/pretrained/step_8") == Path("/gone/pretrained/step_8")  # nowhere: as recorded
+    write_exports(now, {"4": now / "pretrained" / "step_4", "2": old / "pretrained" / "step_2"})
+    assert json.loads((now / "checkpoints.json").read_text()) == {"2": str(old / "pretrained" / "step_2"),
+                                                                  "4": "pretrained/step_4"}
+    assert read_exports(now) == {"2": old / "pretrained" / "step_2", "4": now / "pretrained" / "step_4"}
+
+
+@pytest.mark.parametrize("listing", ["relative", "absolute"])
+def test_a_moved_store_finds_its_exports(tmp_path, pretrain_cfg, stop_at, listing):
+    """checkpoints.json names the exports relative to the run's folder: a store moved to another folder (outputs
+    and MLflow database) resumes keeping the export it had made, and once finished is found finished there, its tags
+    naming where the exports are now. A listing written before, of absolute paths, is read by their tails."""
+    common = ["objective=bert", "trainer.max_steps=8", "trainer.checkpoint_every_n_steps=4", "optim.warmup_steps=1",
+              "logger.log_every_n_steps=2", "trainer.export_fractions=[0.5]"]
+    first = tmp_path / "first"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pretrain.train(pretrain_cfg(first, *common), callbacks=[stop_at(5)])  # exported and checkpointed at step 4
+    (listed,) = (first / "outputs").glob("pretrain/*/*/checkpoints.json")
+    assert json.loads(listed.read_text()) == {"4": "pretrained/step_4"}
+    if listing == "absolute":
+        listed.write_text(json.dumps({"4": str(listed.parent / "pretrained" / "step_4")}))
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    (store,) = (moved / "outputs").glob("pretrain/*/*")
+    exported = store / "pretrained" / "step_4" / MODEL_NAME
+    before = exported.stat().st_mtime_ns
+
+    run_id = pretrain.train(pretrain_cfg(moved, *common))
+    assert exported.stat().st_mtime_ns == before  # found where it is now, and kept
+    assert json.loads((store / "checkpoints.json").read_text()) == {"4": "pretrained/step_4", "8": "pretrained/final"}
+    tags = MlflowClient(f"sqlite:///{moved}/mlflow.db").get_run(run_id).data.tags
+    assert json.loads(tags["checkpoints"]) == {"4": str(store / "pretrained" / "step_4"),
+                                               "8": str(store / "pretrained" / "final")}
+
+    again = tmp_path / "again"
+    moved.rename(again)
+    store = again / store.relative_to(moved)
+    final = (store / "pretrained" / "final" / MODEL_NAME).stat().st_mtime_ns
+    assert pretrain.train(pretrain_cfg(again, *common)) == run_id
+    assert (store / "pretrained" / "final" / MODEL_NAME).stat().st_mtime_ns == final  # found finished: not trained again
+    run = MlflowClient(f"sqlite:///{again}/mlflow.db").get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["store"] == str(store)
+    assert run.data.tags["checkpoint_path"] == str(store / "pretrained" / "final")
+    assert json.loads(run.data.tags["checkpoints"])["4"] == str(store / "pretrained" / "step_4")
+
+
 def test_a_finished_run_is_found_and_not_recomputed(tmp_path, pretrain_cfg):
     cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=3", "optim.warmup_steps=1")
     first = pretrain.train(cfg)

@@ -446,18 +446,12 @@ def test_every_launcher_runs_a_multirun_with_the_default_runtime(tmp_path, data_
 
 
 def processes() -> dict[int, tuple[int, str]]:
-    """Every live process: pid -> (parent pid, start time in clock ticks: with the pid, one process)."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if fields[0] not in ("Z", "X"):
-                out[int(entry.name)] = (int(fields[1]), fields[19])
-    return out
+    """Every live process: pid -> (parent pid, start time: with the pid, one process)."""
+    import psutil
+
+    return {p.pid: (p.info["ppid"], f"{p.info['create_time']:.2f}")
+            for p in psutil.process_iter(["ppid", "create_time", "status"])
+            if p.info["status"] not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) and p.info["create_time"] is not None}
 
 
 def descendants(root: int, table: dict[int, tuple[int, str]]) -> set[tuple[int, str]]:

@@ -205,7 +205,8 @@ class SignalAt(pl.Callback):
                          ids=["SIGTERM-while-writing-a-checkpoint", "SIGINT-after-a-step"])
 def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(tmp_path, pretrain_cfg, sig,
                                                                               in_checkpoint):
-    from electra_ablate.training.pretraining import _checkpoint_step, train
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step
 
     cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4",
                        "logger.log_every_n_steps=2", "optim.warmup_steps=2")
@@ -217,7 +218,7 @@ def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(t
     (run,) = client.search_runs([client.get_experiment_by_name(cfg.logger.experiment).experiment_id])
     assert run.info.status == "KILLED" and run.data.tags[tracking.TAG_END_REASON] == f"stopped by {sig.name}"
     (ckpt,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints/last.ckpt")
-    assert _checkpoint_step(ckpt) == step  # whole, and of the step it stopped after
+    assert checkpoint_step(ckpt) == step  # whole, and of the step it stopped after
     assert not list(ckpt.parent.glob(".*tmp*"))
     assert f"at step {step} of 12" in stops.line(sig) and f"checkpoint at step {step} is saved" in stops.line(sig)
 
@@ -227,6 +228,94 @@ def test_pretraining_stops_after_the_step_saves_it_and_the_same_config_resumes(t
     assert again.info.status == "FINISHED" and again.data.tags[tracking.TAG_ATTEMPTS] == "2"
     assert json.loads(again.data.tags[tracking.TAG_RESTARTS])[-1]["how"].startswith("resumed from")
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == list(range(2, 13, 2))
+
+
+class StartedAt(pl.Callback):
+    """Notes the step training starts from (a resume's checkpoint's)."""
+
+    step: int | None = None
+
+    def on_train_start(self, trainer, pl_module):
+        self.step = trainer.global_step
+
+
+def test_a_folder_written_before_resumes_from_its_newest_checkpoint(tmp_path):
+    """last.ckpt of a stop at step 45 and last-v1.ckpt of the periodic save at step 200 that followed it: the resume
+    reads step 200's; a file that is not a whole checkpoint, or another name, is passed over."""
+    import torch
+
+    from electra_ablate.training.run_folder import newest_checkpoint
+
+    assert newest_checkpoint(tmp_path / "none") is None and newest_checkpoint(tmp_path) is None
+    torch.save({"global_step": 45}, tmp_path / "last.ckpt")
+    assert newest_checkpoint(tmp_path) == tmp_path / "last.ckpt"
+    torch.save({"global_step": 200}, tmp_path / "last-v1.ckpt")
+    torch.save({"global_step": 100}, tmp_path / "last-v2.ckpt")
+    torch.save({"global_step": 900}, tmp_path / "epoch=0-step=900.ckpt")
+    (tmp_path / "last-v3.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    assert newest_checkpoint(tmp_path) == tmp_path / "last-v1.ckpt"
+    torch.save({"global_step": 200}, tmp_path / "last.ckpt")  # a tie: last.ckpt, where every save goes now
+    assert newest_checkpoint(tmp_path) == tmp_path / "last.ckpt"
+
+
+@pytest.mark.parametrize("folder_of", ["today", "before"])
+def test_a_resume_reads_the_newest_checkpoint(tmp_path, pretrain_cfg, stop_at, folder_of):
+    """Stopped before its first periodic checkpoint, resumed, killed after two more: the next resume starts from
+    the newest. Lightning's version counter used to put the resumed process's checkpoints beside the stop's
+    last.ckpt (last-v1.ckpt, ...), and a resume read last.ckpt; a folder written so still resumes from the newest."""
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step
+
+    cfg = pretrain_cfg(tmp_path, "objective=bert", "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=4",
+                       "logger.log_every_n_steps=2", "optim.warmup_steps=2")
+    with stops.handled(), pytest.raises(stops.Stopped):
+        train(cfg, callbacks=[SignalAt(2)])
+    (folder,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints")
+    stopped = (folder / "last.ckpt").read_bytes()
+    assert checkpoint_step(folder / "last.ckpt") == 2
+    stops.reset()
+    with pytest.raises(RuntimeError, match="simulated crash"):  # writes nothing more to the folder, as SIGKILL
+        train(cfg, callbacks=[stop_at(9)])  # resumed at step 2; periodic checkpoints at steps 4 and 8
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt"] and checkpoint_step(folder / "last.ckpt") == 8
+    if folder_of == "before":
+        (folder / "last.ckpt").rename(folder / "last-v1.ckpt")
+        (folder / "last.ckpt").write_bytes(stopped)
+
+    started = StartedAt()
+    run_id = train(cfg, callbacks=[started])
+    assert started.step == 8
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.tags[tracking.TAG_ATTEMPTS] == "3"
+    newest = "last-v1.ckpt" if folder_of == "before" else "last.ckpt"
+    assert json.loads(run.data.tags[tracking.TAG_RESTARTS])[-1]["how"] == f"resumed from {folder / newest}"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == list(range(2, 13, 2))
+
+
+def test_the_process_tree_a_stop_ends_is_read_on_any_system():
+    """A multirun's process tree (which a stopped sweep or multirun ends) comes from psutil, not /proc, which only
+    Linux has: parent, process group and command line of each process, a child found under its parent, and a
+    marker per process. On Linux the table says what /proc says."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "a job's argument"],
+                             start_new_session=True)
+    try:
+        table = stops.processes()
+        me = os.getpid()
+        assert table[me][:2] == (os.getppid(), os.getpgid(0))
+        assert table[child.pid] == (me, child.pid, f"{sys.executable}\0-c\0import time; time.sleep(60)\0a job's argument")
+        assert stops.descendants(me)[child.pid] == (me, table[child.pid][2])
+        assert child.pid in stops.job_hosts(stops.descendants(me))
+        assert stops._marker(child.pid) == stops._marker(child.pid) != stops._marker(me)
+        if Path("/proc/self/stat").is_file():
+            for pid in (me, child.pid):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0")
+                assert table[pid] == (int(fields[1]), int(fields[2]), cmdline)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in stops.processes()
 
 
 # --- refusals touch nothing -----------------------------------------------------------------------------------
@@ -459,6 +548,45 @@ def test_sigterm_stops_pretraining_with_one_line_and_the_same_command_resumes_it
     again = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=1200)
     assert again.returncode == 0, again.stderr[-3000:]
     finished_once_each_step(home, 1)
+
+
+@pytest.mark.slow
+def test_a_run_killed_after_its_resume_continues_from_its_newest_checkpoint(tmp_path, pretrain_cfg, data_dir,
+                                                                            token_cache):
+    """Stopped by SIGTERM before its first periodic checkpoint, resumed by the real command, which SIGKILL ends
+    after two periodic checkpoints: the next resume starts from the newest of them, not from the stop."""
+    from conftest import TINY_PRETRAIN
+    from electra_ablate.training.pretraining import train
+    from electra_ablate.training.run_folder import checkpoint_step, newest_checkpoint
+
+    common = ["objective=bert", "trainer.max_steps=200", "trainer.checkpoint_every_n_steps=10",
+              "logger.log_every_n_steps=2", "optim.warmup_steps=2"]
+    cfg = pretrain_cfg(tmp_path, *common)
+    with stops.handled(), pytest.raises(stops.Stopped):
+        train(cfg, callbacks=[SignalAt(3)])
+    (folder,) = Path(cfg.paths.output_root).glob("pretrain/*/*/checkpoints")
+    stops.reset()
+
+    settings = {**TINY_PRETRAIN, "paths.root_dir": str(tmp_path), "paths.data_dir": str(data_dir),
+                "paths.cache_dir": str(token_cache), "logger.tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                **dict(o.split("=", 1) for o in common)}  # the same settings as `cfg`: the same identity
+    cmd = [sys.executable, "-m", "electra_ablate.pretrain", *(f"{k}={v}" for k, v in settings.items())]
+    def two_periodic_checkpoints():
+        newest = newest_checkpoint(folder)
+        return newest is not None and checkpoint_step(newest) >= 20
+
+    status, _, err = stop_when(cmd, two_periodic_checkpoints, env(), sig=signal.SIGKILL)
+    assert status == -signal.SIGKILL, err[-3000:]
+    newest = checkpoint_step(folder / "last.ckpt")
+    assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == ["last.ckpt"]
+    assert 20 <= newest < 200
+
+    started = StartedAt()
+    run_id = train(cfg, callbacks=[started])
+    assert started.step == newest
+    client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == list(range(2, 201, 2))
 
 
 @pytest.mark.slow

@@ -485,10 +485,17 @@ def test_stopping_the_runner_stops_its_multirun(tmp_path):
     runner.send_signal(signal.SIGTERM)
     runner.wait(timeout=60)
     for _ in range(100):  # the child is terminated (and reaped by the runner) before the runner exits
-        if not Path(f"/proc/{child}").exists():
+        if not alive(child):
             break
         time.sleep(0.1)
-    assert not Path(f"/proc/{child}").exists()
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    """Process `pid` exists, even ended but not yet reaped (its parent has not waited for it)."""
+    import psutil
+
+    return psutil.pid_exists(pid)
 
 
 # A multirun whose worker (a process of its own command line, as joblib's loky workers) ignores SIGTERM: the
@@ -516,13 +523,13 @@ def test_stopping_the_runner_ends_every_process_of_its_multirun(tmp_path):
     runner.send_signal(signal.SIGINT)
     runner.wait(timeout=180)  # margin for a loaded machine: the stop itself takes about 2 s
     for _ in range(100):
-        if not Path(f"/proc/{worker}").exists():
+        if not alive(worker):
             break
         time.sleep(0.1)
-    alive = Path(f"/proc/{worker}").exists()
-    if alive:
+    left = alive(worker)
+    if left:
         os.kill(worker, signal.SIGKILL)
-    assert not alive, "the multirun's worker outlived the stopped runner"
+    assert not left, "the multirun's worker outlived the stopped runner"
 
 
 # --- end to end ---------------------------------------------------------------------------------------------

@@ -258,20 +258,25 @@ def fit(trainer, *args, on_stop: Callable | None = None, **kwargs) -> None:
 
 
 def processes() -> dict[int, tuple[int, int, str]]:
-    """Every live process: pid -> (parent pid, process group, command line)."""
+    """Every live process: pid -> (parent pid, process group, command line: its arguments joined by NUL), read
+    through psutil, so on macOS as on Linux."""
+    import psutil
+
     out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for proc in psutil.process_iter(["ppid", "status", "cmdline"]):
+        info = proc.info
+        if info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) or info["ppid"] is None:
             continue
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
+            group = os.getpgid(proc.pid)
+        except OSError:  # ended meanwhile, or not ours to see
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state, ppid, pgrp, ...: after the "(name)" field
-        if fields[0] not in ("Z", "X"):
-            out[int(entry.name)] = (int(fields[1]), int(fields[2]), cmdline.decode(errors="replace"))
+        out[proc.pid] = (info["ppid"], group, _joined(info["cmdline"]))
     return out
+
+
+def _joined(cmdline: list[str] | None) -> str:
+    return "\0".join(cmdline or ())
 
 
 def job_hosts(members: dict[int, tuple[int, str]]) -> list[int]:
@@ -331,10 +336,11 @@ def _stop_job_hosts(signum: int) -> bool:
 
 def _marker(pid: int) -> Path:
     """The file that says process `pid` (this very process: its start time is in the name) runs a job now."""
+    import psutil
+
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        started = stat[stat.rindex(")") + 2:].split()[19]
-    except (OSError, IndexError):
+        started = f"{psutil.Process(pid).create_time():.2f}"
+    except psutil.Error:
         started = "gone"
     return Path(tempfile.gettempdir()) / f"electra_ablate_jobs_{os.getuid()}" / f"{pid}-{started}"
 
@@ -353,9 +359,11 @@ def job_running() -> Iterator[None]:
 
 
 def _cmdline(pid: int) -> str:
+    import psutil
+
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+        return _joined(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 

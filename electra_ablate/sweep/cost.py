@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
 from hydra.utils import get_class
 
 from electra_ablate.common import precision
@@ -35,7 +34,7 @@ from electra_ablate.sweep.jobs import Checkpoint
 from electra_ablate.sweep.plan import PretrainState, saved_so_far
 from electra_ablate.sweep.spec import REPO_ROOT
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import build
+from electra_ablate.training import build, run_folder
 
 REPORTS = REPO_ROOT / "reports"
 PRESETS_JSON, THROUGHPUT_JSON = "benchmarks_presets.json", "benchmarks_throughput.json"
@@ -180,16 +179,11 @@ def price_pretrain(cfg, costs: StepCosts | None, done: int = 0) -> tuple[float |
 
 
 def resumes_at(state: PretrainState) -> int:
-    """The step an unfinished run resumes from: its last checkpoint's (0 without one); read without its tensors."""
+    """The step an unfinished run resumes from: its newest checkpoint's (0 without one); read without its tensors."""
     run = state.failed
     store = run.data.tags.get("store") if run is not None and state.run is None else None
-    last = Path(store) / "checkpoints" / "last.ckpt" if store else None
-    if last is None or not last.is_file():
-        return 0
-    try:
-        return int(torch.load(last, map_location="cpu", mmap=True, weights_only=True)["global_step"])
-    except Exception:  # noqa: BLE001 - an unreadable checkpoint: the estimate counts every step
-        return 0
+    newest = run_folder.newest_checkpoint(Path(store) / "checkpoints") if store else None
+    return (run_folder.checkpoint_step(newest) or 0) if newest is not None else 0
 
 
 def pretrain_cost(ctx: SweepContext, states: Sequence[PretrainState], costs: StepCosts | None) -> PhaseCost:

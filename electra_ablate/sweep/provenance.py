@@ -36,9 +36,16 @@ BOOT_ID = "/proc/sys/kernel/random/boot_id"  # Linux: one value per boot of the 
 
 
 def _boot_id() -> str:
+    """Linux's boot id; elsewhere (macOS) the boot's time, which psutil reads from the kernel."""
     try:
         return open(BOOT_ID).read().strip()
     except OSError:
+        pass
+    import psutil
+
+    try:
+        return f"booted-{psutil.boot_time():.0f}"
+    except Exception:  # noqa: BLE001 - no boot to name: such records are never called gone
         return ""
 
 

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # adversarial.py) holds the weights after step N; saved beside global_step N and the optimizer's state after step N,
 # that is exactly what resuming needs, so the warning (and its example code) only clutters the log.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
+# A run's folder may move (training/run_folder.py); its checkpoints then name the folder they were written in, and
+# Lightning warns that it keeps none of their ModelCheckpoint bookkeeping, none of which a run here uses.
+warnings.filterwarnings("ignore", message="The dirpath has changed from", category=UserWarning)
 
 resolve_precision = precision.for_config  # where a run of cfg trains, and at which precision (common/precision.py)
 on_gpu = precision.on_gpu
@@ -153,9 +156,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback],
             run_precision: str | None = None) -> pl.Trainer:
     """The Lightning Trainer: the `trainer` group's placement and steps, `run_precision` (else what
-    runtime.precision resolves to here), checkpoints every
-    trainer.checkpoint_every_n_steps under `store` (written whole or not at all), no Lightning logger (metrics go to
-    MLflow in batches)."""
+    runtime.precision resolves to here), checkpoints every trainer.checkpoint_every_n_steps to
+    `store`/checkpoints/last.ckpt (written whole or not at all), no Lightning logger (metrics go to MLflow in
+    batches)."""
     return pl.Trainer(
         max_steps=cfg.trainer.max_steps,
         accelerator=cfg.trainer.accelerator,
@@ -171,8 +174,10 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         enable_model_summary=False,
         default_root_dir=str(store),
         callbacks=[
+            # Every save overwrites last.ckpt: with Lightning's version counter, a resumed process that found a stop's
+            # last.ckpt in place wrote last-v1.ckpt, last-v2.ckpt, ... beside it, which a resume did not read.
             pl.callbacks.ModelCheckpoint(dirpath=str(store / "checkpoints"), every_n_train_steps=cfg.trainer.checkpoint_every_n_steps,
-                                         save_top_k=0, save_last=True),
+                                         save_top_k=0, save_last=True, enable_version_counter=False),
             *([fast.CompileTimer()] if fast.compile_scope(cfg.runtime) != "false" else []),
             *callbacks,
         ],

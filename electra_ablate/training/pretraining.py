@@ -18,14 +18,14 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from electra_ablate.common import io, precision, stops
+from electra_ablate.common import precision, stops
 from electra_ablate.data.budget import corpus_budget, count, passes_warning
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretrained
 from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
-from electra_ablate.training import build
+from electra_ablate.training import build, run_folder
 from electra_ablate.training.checks import validate
 from electra_ablate.training.heartbeat import Heartbeat
 
@@ -115,20 +115,38 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     choice = attempts.choose(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator),
                              runs[0] if runs else None)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []), choice.precision)
-    last_ckpt = store / "checkpoints" / "last.ckpt"
+    start = run_folder.newest_checkpoint(store / "checkpoints")  # the one the first process resumes from
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
-    stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if last_ckpt.is_file() else None,
-              on_stop=lambda t: t.save_checkpoint(last_ckpt))
+    stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
+              on_stop=lambda t: t.save_checkpoint(store / "checkpoints" / run_folder.LAST))
 
 
-def missing_outputs(run) -> list[str]:
-    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk."""
+def missing_outputs(run, store: Path | None = None) -> list[str]:
+    """The pre-trained directories a FINISHED run recorded that are not (complete) on disk; with its `store`, one
+    found there by its tail (the store moved since: run_folder.located) is not missing."""
     tags = run.data.tags
     paths = [tags[tracking.TAG_CHECKPOINT]] if tracking.TAG_CHECKPOINT in tags else []
     paths += list(json.loads(tags.get("checkpoints", "{}")).values())
     if not paths:
         return ["(no checkpoint_path tag)"]
-    return [p for p in dict.fromkeys(paths) if not is_complete(p)]
+    return [p for p in dict.fromkeys(paths) if not is_complete(run_folder.located(store, p) if store else p)]
+
+
+def _relocate(client, run, store: Path) -> None:
+    """Point a FINISHED run's tags at its store and its exports where they are now, once the store has moved, for
+    what reads them (fine-tuning, the sweep's planner, the report, export)."""
+    tags = run.data.tags
+    now = {"store": str(store)} if "store" in tags and not Path(tags["store"]).is_dir() else {}
+    if tracking.TAG_CHECKPOINT in tags:
+        now[tracking.TAG_CHECKPOINT] = str(run_folder.located(store, tags[tracking.TAG_CHECKPOINT]))
+    if "checkpoints" in tags:
+        saved = json.loads(tags["checkpoints"])
+        now["checkpoints"] = json.dumps({k: str(run_folder.located(store, v)) for k, v in saved.items()}, sort_keys=True)
+    changed = {k: v for k, v in now.items() if tags.get(k) != v}
+    for key, value in changed.items():
+        client.set_tag(run.info.run_id, key, value)
+    if changed:
+        log.info("run %s: its outputs moved to %s; its tags %s now say so", run.info.run_id, store, sorted(changed))
 
 
 def is_complete(path: str | Path) -> bool:
@@ -141,8 +159,9 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
-        missing = missing_outputs(done)
+        missing = missing_outputs(done, store)
         if not missing:
+            _relocate(client, done, store)
             tracking.retire_stale(client, runs, keep=done.info.run_id)
             log.info("already pre-trained: run %s (config %s); nothing to do", done.info.run_id, cfg_hash)
             return done.info.run_id
@@ -152,7 +171,8 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     previous = done if done is not None else (runs[0] if runs else None)
     choice = build.attempt_precision(cfg, previous)  # a resumed run keeps its precision, whatever `auto` means here
 
-    last_ckpt = store / "checkpoints" / "last.ckpt"
+    checkpoints = store / "checkpoints"
+    last_ckpt = checkpoints / run_folder.LAST  # every checkpoint is written here
     sharing = build.sharing_mode(cfg)
     model, generator, system = build.trained_system(cfg, dm, sharing)
 
@@ -164,16 +184,17 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 
-    resume = previous is not None and last_ckpt.is_file()
+    # The newest whole checkpoint: last.ckpt, or a last-v<N>.ckpt that a folder written before holds.
+    start = run_folder.newest_checkpoint(checkpoints) if previous is not None else None
     with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
-        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, resume, last_ckpt, dm, budget, choice)
+        run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, start, last_ckpt, dm, budget, choice)
     try:
         tracking.retire_stale(client, runs, keep=run.run_id)
         system.metrics_sink = run.log_metrics
         system.metrics_flush = run.flush  # at every checkpoint: the store has each metric up to it
-        system.last_good_checkpoint = lambda: str(last_ckpt) if last_ckpt.is_file() else None
+        system.last_good_checkpoint = lambda: _str_or_none(run_folder.newest_checkpoint(checkpoints))
         # A stop (Ctrl-C, SIGTERM) ends training after the current step and saves the checkpoint of that step.
-        stops.fit(trainer, system, datamodule=dm, ckpt_path=str(last_ckpt) if resume else None,
+        stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
                   on_stop=lambda t: t.save_checkpoint(last_ckpt))
         with stops.deferred(raise_after=False):  # the final export and the run's end are written whole
             final = exports.save(trainer.global_step, "final")
@@ -186,7 +207,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
         status, reason = tracking.end_status(error)
         run.finish(status, reason)
         if status == "KILLED" and stops.received() is not None:
-            stops.report(_stopped(cfg, run.run_id, error, last_ckpt))
+            stops.report(_stopped(cfg, run.run_id, error, checkpoints))
         if cfg.sweep.keep_going and isinstance(error, Exception) and status != "KILLED":
             log.exception("pre-training failed; run %s marked %s, going on (sweep.keep_going=true)", run.run_id, status)
             return None
@@ -195,42 +216,35 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     return run.run_id
 
 
-def _stopped(cfg: DictConfig, run_id: str, error: BaseException, last_ckpt: Path) -> str:
+def _str_or_none(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
+
+
+def _stopped(cfg: DictConfig, run_id: str, error: BaseException, checkpoints: Path) -> str:
     """The stop's line: the run, the step it stopped after, where it resumes from."""
     step = getattr(error, "step", None)
     at = f" at step {step} of {cfg.trainer.max_steps}" if step is not None else ""
-    saved = _checkpoint_step(last_ckpt)
+    newest = run_folder.newest_checkpoint(checkpoints)
+    saved = run_folder.checkpoint_step(newest) if newest is not None else None
     resume = (f"its checkpoint at step {saved} is saved: the same command resumes from it" if saved is not None
               else "no checkpoint was saved yet: the same command starts it again from step 0 in the same run")
     return f"pre-training {cfg.run_name}{at} (MLflow run {run_id}) is recorded KILLED; {resume}"
 
 
-def _checkpoint_step(path: Path) -> int | None:
-    """The global step of a Lightning checkpoint, or None when there is none."""
-    if not path.is_file():
-        return None
-    import torch
-
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
-    except Exception:  # noqa: BLE001 - unreadable: no step to name
-        return None
-
-
 class Exports:
     """The pre-trained directories of one run (models/checkpoint.py format): saved at the export steps and at
-    the end, listed in <store>/checkpoints.json and in the run's `checkpoints` tag."""
+    the end, listed in <store>/checkpoints.json (relative to the store: training/run_folder.py) and in the run's
+    `checkpoints` tag (where they are now)."""
 
     def __init__(self, cfg: DictConfig, store: Path, system: pl.LightningModule, sharing, vocab_path: Path):
         self.cfg, self.store, self.system, self.sharing, self.vocab_path = cfg, store, system, sharing, vocab_path
-        listing = store / "checkpoints.json"
-        self.saved: dict[str, str] = json.loads(listing.read_text()) if listing.is_file() else {}  # step -> directory
+        self.saved: dict[str, Path] = run_folder.read_exports(store)  # step -> directory
         self.run: tracking.RunLogger | None = None  # set once the run is open, before the first step
 
     def save(self, step: int, name: str | None = None) -> Path:
         cfg, system = self.cfg, self.system
         directory = self.store / "pretrained" / (name or f"step_{step}")
-        if name is None and self.saved.get(str(step)) == str(directory) and is_complete(directory):
+        if name is None and self.saved.get(str(step)) == directory and is_complete(directory):
             # A resumed run passes a step it had exported before it stopped. That export stays as it is: it
             # may be fine-tuned already, or being fine-tuned now (sweep.plan.saved_so_far).
             log.info("step %d: %s was exported before the run stopped; kept as it is", step, directory)
@@ -252,9 +266,9 @@ class Exports:
             },
             generator=nets.generator,
         )
-        self.saved[str(step)] = str(path)
-        io.write_text(self.store / "checkpoints.json", json.dumps(self.saved, indent=1, sort_keys=True))
-        self.run.set_tags({"checkpoints": json.dumps(self.saved, sort_keys=True)})
+        self.saved[str(step)] = Path(path)
+        run_folder.write_exports(self.store, self.saved)
+        self.run.set_tags({"checkpoints": json.dumps({k: str(v) for k, v in self.saved.items()}, sort_keys=True)})
         return path
 
 
@@ -273,13 +287,13 @@ def _corpus_budget(cfg: DictConfig, dm: PretrainDataModule, trainer: pl.Trainer)
     return budget
 
 
-def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, resume: bool, last_ckpt: Path,
+def _open_run(cfg: DictConfig, client, cfg_hash: str, store: Path, previous, start: Path | None, last_ckpt: Path,
               dm: PretrainDataModule, budget: dict[str, float], choice: attempts.Choice) -> tracking.RunLogger:
-    """The identity's run continues: from the last checkpoint when there is one (metrics already logged are not
+    """The identity's run continues: from its newest checkpoint when there is one (metrics already logged are not
     logged again), else from step 0 in place; with no previous run, a new one with the config as params. Either
     way the attempt's precision and machine are tagged (tracking/attempts.py)."""
     if previous is not None:
-        how = (f"resumed from {last_ckpt}" if resume else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
+        how = (f"resumed from {start}" if start else f"restarted from step 0 in place: no checkpoint at {last_ckpt}")
         if previous.info.status == "FINISHED":
             how += "; its outputs were missing"
         run = tracking.RunLogger.adopt(client, previous, how, {
