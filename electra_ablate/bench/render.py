@@ -1,7 +1,8 @@
 """The markdown of reports/benchmarks.md, from a finished run's `Report`; it measures nothing.
 
 One function per section, in the order of the file; each returns its lines, none when the run skipped it. The
-header and the headline comparison with transformers are here, the other sections in render_sections.py."""
+header, the headline comparison with transformers and the allocator section are here, the other sections in
+render_sections.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def render(rep: Report) -> str:
     """The whole file: every section the run measured, in order, joined by newlines."""
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
              sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory,
-             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, sections.notes)
+             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, _allocator, sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 
 
@@ -49,7 +50,7 @@ def _header(rep: Report) -> list[str]:
 
 
 # Sections that say how they time in their own text; the header's timing line is about the others.
-OWN_TIMING = {"build", "throughput", "presets"}
+OWN_TIMING = {"build", "throughput", "presets", "allocator"}
 
 
 def _timing(rep: Report) -> list[str]:
@@ -178,4 +179,31 @@ def _gpu(rep: Report) -> list[str]:
               "", f"Not measured: {NO_GPU_NOTE}. The GPU target (ELECTRA-Small >= 1.1M tokens/s in bf16) is "
               "neither met nor missed here; run this command with `--device cuda` on a GPU machine."]
     L.append("")
+    return L
+
+def _allocator(rep: Report) -> list[str]:
+    """Each preset's step with glibc's defaults and with freed memory kept, from the processes of `allocator`."""
+    if not rep.allocator:
+        return []
+    s = rep.settings
+    L = ["## Freed memory kept in the process (glibc)", "",
+         "Each row is a fresh process (`--probe`) timing the step of a preset (conf/experiment/) at its own shape, at "
+         f"the runtime default precision, {s.warmup} warm-up and {s.piece_reps} timed steps, {s.threads} thread(s); "
+         "the two processes of a step start one after the other (default, then kept). default: "
+         "ELECTRA_ABLATE_KEEP_FREED_MEMORY=0, glibc's own settings; kept: what every entry point sets "
+         "(electra_ablate/common/allocator.py: M_MMAP_MAX=0 and M_TRIM_THRESHOLD=-1, exported as MALLOC_MMAP_MAX_ "
+         "and MALLOC_TRIM_THRESHOLD_). Minor faults and system time: getrusage over the timed steps, per step; "
+         "peak RSS: the process's ru_maxrss (torch, the data and the networks included).", "",
+         "| preset | objective | vocabulary | batch | precision | allocator | s/step | minor faults/step "
+         "| system s/step | peak RSS (MiB) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    default = {(r["preset"], r["objective"]): r for r in rep.allocator if r["impl"] == "default"}
+    for r in rep.allocator:
+        base = default.get((r["preset"], r["objective"]))
+        speedup = f"{base['step_s'] / r['step_s']:.2f}x" if base is not None and r is not base else ""
+        L.append(f"| `{r['preset']}` | {r['objective']} | {r['vocab']} | {r['batch'][0]} x {r['batch'][1]} "
+                 f"| {r['precision']} | {r['impl']} ({r['allocator']}) | {fmt(r['step_s'])} "
+                 f"| {r['faults_per_step']:.0f} | {fmt(r['sys_s_per_step'])} | {r['peak_rss_mib']:.0f} | {speedup} |")
+    L += ["", "Per-step times (s), in order: " + "; ".join(
+        f"{r['preset']} {r['objective']} {r['impl']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
+        for r in rep.allocator), ""]
     return L
