@@ -69,8 +69,8 @@ def _pretrain(root: Path, data_dir: Path, keep: bool) -> tuple[dict, list[float]
     overrides = {**TINY_PRETRAIN, "paths.root_dir": str(root), "paths.data_dir": str(data_dir),
                  "logger.tracking_uri": uri, "hydra.run.dir": f"{root}/hydra", "trainer.max_steps": "6",
                  "logger.log_every_n_steps": "1", "optim.warmup_steps": "2", "data.max_docs": "100"}
-    done = subprocess.run([sys.executable, "-m", "electra_ablate.pretrain", *(f"{k}={v}" for k, v in overrides.items())],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "electra_ablate.pretrain", *(f"{k}={v}" for k, v in overrides.items())]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     client = MlflowClient(uri)
     (run,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]

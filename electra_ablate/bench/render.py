@@ -181,6 +181,9 @@ def _gpu(rep: Report) -> list[str]:
     L.append("")
     return L
 
+EXPECTED_STATE = {"default": "off", "kept": "kept"}  # common/allocator.py's state in each row's process
+
+
 def _allocator(rep: Report) -> list[str]:
     """Each preset's step with glibc's defaults and with freed memory kept, from the processes of `allocator`."""
     if not rep.allocator:
@@ -188,22 +191,29 @@ def _allocator(rep: Report) -> list[str]:
     s = rep.settings
     L = ["## Freed memory kept in the process (glibc)", "",
          "Each row is a fresh process (`--probe`) timing the step of a preset (conf/experiment/) at its own shape, at "
-         f"the runtime default precision, {s.warmup} warm-up and {s.piece_reps} timed steps, {s.threads} thread(s); "
+         f"each precision of `--precisions`, {s.warmup} warm-up and {s.piece_reps} timed steps, {s.threads} thread(s); "
          "the two processes of a step start one after the other (default, then kept). default: "
          "ELECTRA_ABLATE_KEEP_FREED_MEMORY=0, glibc's own settings; kept: what every entry point sets "
          "(electra_ablate/common/allocator.py: M_MMAP_MAX=0 and M_TRIM_THRESHOLD=-1, exported as MALLOC_MMAP_MAX_ "
-         "and MALLOC_TRIM_THRESHOLD_). Minor faults and system time: getrusage over the timed steps, per step; "
+         "and MALLOC_TRIM_THRESHOLD_); a state in brackets where a process found otherwise. Minor faults, system and "
+         "user time: getrusage over the timed steps, per step (CPU time moves less with the load than seconds do); "
          "peak RSS: the process's ru_maxrss (torch, the data and the networks included).", "",
          "| preset | objective | vocabulary | batch | precision | allocator | s/step | minor faults/step "
-         "| system s/step | peak RSS (MiB) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    default = {(r["preset"], r["objective"]): r for r in rep.allocator if r["impl"] == "default"}
+         "| system s/step | user s/step | peak RSS (MiB) | speed-up | CPU-time speed-up |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    default = {(r["preset"], r["objective"], r["precision"]): r for r in rep.allocator if r["impl"] == "default"}
     for r in rep.allocator:
-        base = default.get((r["preset"], r["objective"]))
-        speedup = f"{base['step_s'] / r['step_s']:.2f}x" if base is not None and r is not base else ""
+        base = default.get((r["preset"], r["objective"], r["precision"]))
+        cpu = r["sys_s_per_step"] + r["user_s_per_step"]
+        speedups = ([f"{base['step_s'] / r['step_s']:.2f}x",
+                     f"{(base['sys_s_per_step'] + base['user_s_per_step']) / cpu:.2f}x"]
+                    if base is not None and r is not base else ["", ""])
+        label = r["impl"] if r["allocator"] == EXPECTED_STATE[r["impl"]] else f"{r['impl']} ({r['allocator']})"
         L.append(f"| `{r['preset']}` | {r['objective']} | {r['vocab']} | {r['batch'][0]} x {r['batch'][1]} "
-                 f"| {r['precision']} | {r['impl']} ({r['allocator']}) | {fmt(r['step_s'])} "
-                 f"| {r['faults_per_step']:.0f} | {fmt(r['sys_s_per_step'])} | {r['peak_rss_mib']:.0f} | {speedup} |")
+                 f"| {r['precision']} | {label} | {fmt(r['step_s'])} | {r['faults_per_step']:.0f} "
+                 f"| {fmt(r['sys_s_per_step'])} | {fmt(r['user_s_per_step'])} | {r['peak_rss_mib']:.0f} | "
+                 + " | ".join(speedups) + " |")
     L += ["", "Per-step times (s), in order: " + "; ".join(
-        f"{r['preset']} {r['objective']} {r['impl']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
+        f"{r['preset']} {r['objective']} {r['precision']} {r['impl']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
         for r in rep.allocator), ""]
     return L
