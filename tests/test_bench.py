@@ -382,6 +382,27 @@ def test_allocator_section_times_each_preset_step_in_two_processes_default_then_
     assert text.count("| kept |") == 4 and text.count("| default |") == 4
 
 
+def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_path, data_dir):
+    from electra_ablate.bench import sections_profile as prof
+
+    out = tmp_path / "profile.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "profile", "--threads", "1", "--override", "data.batch_size=4",
+            *[x for o in TINY for x in ("--override", o)], "--override", "model.max_position_embeddings=128"]
+    rep = cli.main(argv)
+    assert [r["objective"] for r in rep.profile] == ["bert", "electra"]
+    for r in rep.profile:
+        assert r["families"][prof.HEAD] > 0 and r["families"]["matmuls (projections, feed-forward)"] > 0
+        assert r["families"]["optimizer and clipping"] > 0 and "dropout" not in r["families"]  # the preset has none
+    assert "## Where a step's time goes, by operation family" in out.read_text()
+    # A vocabulary-sized operand makes an operation the head's, whatever its name.
+    assert prof.family("aten::mm", [[512, 128], [128, 30522]], 30522) == prof.HEAD
+    assert prof.family("aten::mm", [[512, 128], [128, 512]], 30522).startswith("matmuls")
+    assert prof.family("aten::bmm", [[8, 64, 32], [8, 32, 64]], 30522).startswith("attention")
+    assert prof.family("Optimizer.step#AdamW.step", [], 30522) == "optimizer and clipping"
+    assert prof.family("autograd::engine::evaluate_function: MmBackward0", [], 30522) == prof.OUTSIDE
+
+
 @pytest.mark.slow
 def test_the_committed_step_costs_are_the_committed_bench_reports_converted(data_dir):
     """reports/benchmarks_presets.json and _throughput.json were converted from their markdown (bench/step_costs.py),

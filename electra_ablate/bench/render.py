@@ -1,7 +1,7 @@
 """The markdown of reports/benchmarks.md, from a finished run's `Report`; it measures nothing.
 
 One function per section, in the order of the file; each returns its lines, none when the run skipped it. The
-header, the headline comparison with transformers and the allocator section are here, the other sections in
+header, the headline comparison with transformers, the allocator and profile sections are here, the other sections in
 render_sections.py."""
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def render(rep: Report) -> str:
     """The whole file: every section the run measured, in order, joined by newlines."""
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
              sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory,
-             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, _allocator, sections.notes)
+             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, _allocator, _profile,
+             sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 
 
@@ -50,7 +51,7 @@ def _header(rep: Report) -> list[str]:
 
 
 # Sections that say how they time in their own text; the header's timing line is about the others.
-OWN_TIMING = {"build", "throughput", "presets", "allocator"}
+OWN_TIMING = {"build", "throughput", "presets", "allocator", "profile"}
 
 
 def _timing(rep: Report) -> list[str]:
@@ -216,4 +217,24 @@ def _allocator(rep: Report) -> list[str]:
     L += ["", "Per-step times (s), in order: " + "; ".join(
         f"{r['preset']} {r['objective']} {r['precision']} {r['impl']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
         for r in rep.allocator), ""]
+    return L
+
+
+def _profile(rep: Report) -> list[str]:
+    """Each profiled step's operations' own CPU time by family, in seconds per step and as a share."""
+    if not rep.profile:
+        return []
+    s = rep.settings
+    L = ["## Where a step's time goes, by operation family", "",
+         "torch.profiler over the step of a preset (conf/experiment/) at its own shape and the runtime default "
+         f"precision, in the benchmark's own process (freed memory kept), {s.warmup} warm-up and {s.piece_reps} "
+         f"profiled steps, {s.threads} thread(s): each operation's own (self) CPU time, summed by family "
+         "(electra_ablate/bench/sections_profile.py: an operation on a vocabulary-sized tensor is the head's, "
+         "whatever its name; the rest by the operation's name), per step. The profiler's own overhead is in it.", ""]
+    for r in rep.profile:
+        total = sum(r["families"].values())
+        L += [f"`{r['preset']}` {r['objective']} ({r['vocab']} pieces, {r['precision']}): {total:.3f} s per step",
+              "", "| family | s/step | share |", "|---|---|---|"]
+        L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% |" for name, sec in r["families"].items()]
+        L.append("")
     return L
