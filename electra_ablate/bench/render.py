@@ -234,7 +234,9 @@ def _profile(rep: Report) -> list[str]:
     for r in rep.profile:
         total = sum(r["families"].values())
         L += [f"`{r['preset']}` {r['objective']} ({r['vocab']} pieces, {r['precision']}): {total:.3f} s per step",
-              "", "| family | s/step | share |", "|---|---|---|"]
-        L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% |" for name, sec in r["families"].items()]
+              "", "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
+        L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% | "
+              + ", ".join(f"`{op}` {s_op:.3f}" for op, s_op in r["largest"][name]) + " |"
+              for name, sec in r["families"].items()]
         L.append("")
     return L

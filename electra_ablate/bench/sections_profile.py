@@ -58,12 +58,16 @@ def profile_step(s: Settings, objective: str, steps: int) -> dict:
         for i in range(steps):
             runner.step([data.batches[i % 3]])
     by_family: dict[str, float] = {}
+    by_op: dict[tuple[str, str], float] = {}  # (family, operation) -> s/step
     for event in prof.key_averages(group_by_input_shape=True):
-        key = family(event.key, event.input_shapes or [], vocab)
-        by_family[key] = by_family.get(key, 0.0) + event.self_cpu_time_total / 1e6 / steps
+        key, seconds = family(event.key, event.input_shapes or [], vocab), event.self_cpu_time_total / 1e6 / steps
+        by_family[key] = by_family.get(key, 0.0) + seconds
+        by_op[(key, event.key)] = by_op.get((key, event.key), 0.0) + seconds
+    largest = {f: [(op, sec) for (g, op), sec in sorted(by_op.items(), key=lambda kv: -kv[1]) if g == f][:3]
+               for f in by_family}
     return {"objective": objective, "preset": PRESET, "vocab": vocab, "steps": steps,
             "precision": precision_lib.resolve(cfg.runtime.precision, s.device.type),
-            "families": dict(sorted(by_family.items(), key=lambda kv: -kv[1]))}
+            "families": dict(sorted(by_family.items(), key=lambda kv: -kv[1])), "largest": largest}
 
 
 def section_profile(s: Settings, rep: Report) -> None:
