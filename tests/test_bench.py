@@ -400,6 +400,8 @@ def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_pa
     assert prof.family("aten::_to_copy", [[30522, 128]], 30522) == prof.HEAD  # the head's weight cast to bf16
     assert prof.family("aten::embedding_dense_backward", [[4, 64, 128], [4, 64]], 30522).startswith("embeddings")
     assert prof.family("aten::native_layer_norm_backward", [[4, 64, 128]], 30522) == "layer norm"
+    assert prof.family("aten::_to_copy", [[4, 64, 128]], 30522) == "autocast casts"
+    assert prof.family("aten::topk", [[4, 64]], 30522) == prof.ELEMENTWISE
     assert prof.family("aten::mm", [[512, 128], [128, 512]], 30522).startswith("matmuls")
     assert prof.family("aten::bmm", [[8, 64, 32], [8, 32, 64]], 30522).startswith("attention")
     assert prof.family("Optimizer.step#AdamW.step", [], 30522) == "optimizer and clipping"

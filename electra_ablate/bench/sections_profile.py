@@ -28,8 +28,8 @@ FAMILIES = (
     ("matmuls (projections, feed-forward)", ("aten::mm", "aten::addmm", "aten::matmul", "aten::linear")),
     ("layer norm", ("layer_norm",)),
     ("dropout", ("dropout", "bernoulli")),
-    ("autocast casts", ("aten::to", "aten::_to_copy")),
 )
+CASTS = ("autocast casts", ("aten::to", "aten::_to_copy"))  # by the whole name: aten::topk is no cast
 OUTSIDE = "outside operations (Python, autograd bookkeeping)"
 ELEMENTWISE = "elementwise and the rest"
 
@@ -44,6 +44,8 @@ def family(name: str, shapes: list, vocab: int) -> str:
         return by_name
     if any(vocab in s for s in shapes if isinstance(s, (list, tuple))):
         return HEAD
+    if lowered in CASTS[1]:
+        return CASTS[0]
     return next((f for f, words in FAMILIES[2:] if any(w in lowered for w in words)), ELEMENTWISE)
 
 
