@@ -5,13 +5,15 @@ glibc serves a block over its mmap threshold (128 KiB, rising to at most 32 MiB 
 own mmap and unmaps it when it is freed, and gives the heap's top back above the trim threshold. A step's largest
 temporaries (the 30,522-way logits: hundreds of MB at `cpu_regime_30k`) are over any threshold, so every step maps
 them again and the kernel zeroes each page on its first touch: hundreds of thousands of minor faults a step
-(`python -m electra_ablate.bench --sections allocator`, docs/scaling.md). Two of glibc's settings end it:
+(`python -m electra_ablate.bench --sections allocator`, docs/usage.md). Two of glibc's settings end it:
 
-- M_MMAP_MAX=0 (glibc manual: "setting this to zero disables all use of mmap"): every block comes from the heap,
-  where a freed block is reused by the next step. It takes no size, unlike a raised M_MMAP_THRESHOLD, which mallopt
-  takes as an int and which glibc has capped at HEAP_MAX_SIZE / 2 (32 MiB) in some versions.
+- M_MMAP_MAX=0 (glibc manual: "setting this to zero disables all use of mmap"): every block of the main thread, where
+  a step runs, comes from the heap, where a freed block is reused by the next step (other threads' arenas still map
+  a block larger than their 64 MiB heaps). It takes no size, unlike a raised M_MMAP_THRESHOLD: mallopt takes that as
+  an int (2 GiB at most) and some glibc versions refuse values over HEAP_MAX_SIZE / 2 (32 MiB); glibc 2.36 (Debian
+  12) took 256 MiB and served a 100 MiB block from the heap.
 - M_TRIM_THRESHOLD=-1 ("disables trimming completely", man mallopt): the heap's top is never given back, where a
-  finite threshold (the environment's MALLOC_TRIM_THRESHOLD_=4GiB) still trims once a step's freed memory is over it.
+  finite threshold (MALLOC_TRIM_THRESHOLD_=4GiB, say) trims whenever the heap's free top grows past it.
 
 They are set with mallopt in this process, at the start of every entry point (common/cli.py's `one_line_errors`,
 before any tensor exists), and exported as glibc's environment variables, so that the processes it starts (joblib's
