@@ -364,6 +364,51 @@ def test_presets_section_times_every_preset_against_the_first_ones_bert_step(tmp
 
 
 @pytest.mark.slow
+def test_allocator_section_times_each_preset_step_in_two_processes_default_then_kept(tmp_path, data_dir):
+    out = tmp_path / "allocator.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "allocator", "--threads", "1", "--precisions", "32-true",
+            "--override", "data.batch_size=4",
+            *[x for o in TINY for x in ("--override", o)], "--override", "model.max_position_embeddings=128"]
+    rep = cli.main(argv)
+    assert [(r["preset"], r["objective"], r["impl"]) for r in rep.allocator] == [
+        (p, o, a) for p in ("cpu_regime", "cpu_regime_30k") for o in ("bert", "electra") for a in ("default", "kept")]
+    # Each process says what its own entry point set: nothing under the switch, freed memory kept without it.
+    assert [r["allocator"] for r in rep.allocator] == ["off", "kept"] * 4
+    assert all(r["step_s"] > 0 and r["faults_per_step"] >= 0 and r["sys_s_per_step"] >= 0 and r["user_s_per_step"] > 0
+               and r["peak_rss_mib"] > 0 for r in rep.allocator)
+    text = out.read_text()
+    assert "## Freed memory kept in the process (glibc)" in text
+    assert text.count("| kept |") == 4 and text.count("| default |") == 4
+
+
+def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_path, data_dir):
+    from electra_ablate.bench import sections_profile as prof
+
+    out = tmp_path / "profile.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "profile", "--threads", "1", "--override", "data.batch_size=4",
+            *[x for o in TINY for x in ("--override", o)], "--override", "model.max_position_embeddings=128"]
+    rep = cli.main(argv)
+    assert [r["objective"] for r in rep.profile] == ["bert", "electra"]
+    for r in rep.profile:
+        assert r["families"][prof.HEAD] > 0 and r["families"]["matmuls (projections, feed-forward)"] > 0
+        assert r["families"]["optimizer and clipping"] > 0 and "dropout" not in r["families"]  # the preset has none
+    assert "## Where a step's time goes, by operation family" in out.read_text()
+    # A vocabulary-sized operand makes an operation the head's, whatever its name.
+    assert prof.family("aten::mm", [[512, 128], [128, 30522]], 30522) == prof.HEAD
+    assert prof.family("aten::_to_copy", [[30522, 128]], 30522) == prof.HEAD  # the head's weight cast to bf16
+    assert prof.family("aten::embedding_dense_backward", [[4, 64, 128], [4, 64]], 30522).startswith("embeddings")
+    assert prof.family("aten::native_layer_norm_backward", [[4, 64, 128]], 30522) == "layer norm"
+    assert prof.family("aten::_to_copy", [[4, 64, 128]], 30522) == "autocast casts"
+    assert prof.family("aten::topk", [[4, 64]], 30522) == prof.ELEMENTWISE
+    assert prof.family("aten::mm", [[512, 128], [128, 512]], 30522).startswith("matmuls")
+    assert prof.family("aten::bmm", [[8, 64, 32], [8, 32, 64]], 30522).startswith("attention")
+    assert prof.family("Optimizer.step#AdamW.step", [], 30522) == "optimizer and clipping"
+    assert prof.family("autograd::engine::evaluate_function: MmBackward0", [], 30522) == prof.OUTSIDE
+
+
+@pytest.mark.slow
 def test_the_committed_step_costs_are_the_committed_bench_reports_converted(data_dir):
     """reports/benchmarks_presets.json and _throughput.json were converted from their markdown (bench/step_costs.py),
     written before the bench wrote the JSON itself; its FLOPs are those of the markdown's ratio column."""

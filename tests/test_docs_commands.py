@@ -442,6 +442,16 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke((REPORT_DIR,), check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
     "python -m electra_ablate.bench.states electra=<final dir> bert=<final dir> --random-init-of bert":
         Smoke(("--examples 8",), replace={"<final dir>": BERT_DIR}, check=check_states("electra", "bert")),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.bench --models tiny --sections allocator --warmup 2 --piece-reps 4 "
+     "--threads 1 --out reports/benchmarks_allocator.md"):
+        Skip("times each preset's steps on the real corpus in 16 fresh processes (minutes); tests/test_bench.py runs "
+             "the section at test sizes"),
+    "python scripts/freed_memory_job.py --out /tmp/freed_memory_job":
+        Skip("five cpu_regime_30k pre-training jobs on the real corpus (minutes); tests/test_allocator.py pre-trains "
+             "with and without the setting at test size"),
+    "python -m electra_ablate.pretrain experiment=cpu_regime_30k data.max_docs=2000 trainer.max_steps=16":
+        Skip("the job scripts/freed_memory_job.py times (16 steps at the 30k preset on the real corpus); "
+             "tests/test_allocator.py pre-trains with and without the setting at test size"),
     "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":
         Skip("times the presets on the real corpus (minutes); tests/test_bench.py runs the section at test sizes"),
     ("python -m electra_ablate.bench.pilot bert30k-s128 experiment=cpu_regime_30k objective=bert seed=0 "

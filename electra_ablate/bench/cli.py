@@ -39,7 +39,9 @@ from electra_ablate.bench.measure import memory_probe
 from electra_ablate.bench.render import render
 from electra_ablate.bench.sections_checks import section_equal, section_memory, section_sync
 from electra_ablate.bench.sections_pipeline import section_build, section_data, section_finetune
+from electra_ablate.bench.sections_allocator import allocator_probe, section_allocator
 from electra_ablate.bench.sections_presets import section_presets
+from electra_ablate.bench.sections_profile import section_profile
 from electra_ablate.bench.sections_throughput import section_throughput, throughput_probe
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
@@ -178,6 +180,10 @@ def run(s: Settings) -> Report:
         section_throughput(s, rep)
     if "presets" in s.sections:
         section_presets(s, rep)
+    if "allocator" in s.sections:
+        section_allocator(s, rep)
+    if "profile" in s.sections:
+        section_profile(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> Report | None:
     s, out = parse_args(argv)
     if s is None:  # --probe: one memory measurement in this fresh process
         spec = json.loads(out)
-        probe = throughput_probe if spec.get("kind") == "throughput" else memory_probe
+        probe = {"throughput": throughput_probe, "allocator": allocator_probe}.get(spec.get("kind"), memory_probe)
         print(PROBE_TAG + json.dumps(probe(spec)), flush=True)
         return None
     out, json_out = out

@@ -225,13 +225,15 @@ def memory_probe(spec: dict) -> dict:
             "step_s": times[-1], "precision": resolved}
 
 
-def run_probe(s: Settings, spec: dict) -> dict:
+def run_probe(s: Settings, spec: dict, env: dict[str, str] | None = None) -> dict:
+    """Run `spec` in a fresh `python -m electra_ablate.bench --probe` (with `env`, else this environment)."""
     spec = {**spec, "settings": settings_to_dict(s)}
     proc = subprocess.run(
         [sys.executable, "-m", "electra_ablate.bench", "--probe", json.dumps(spec)],
-        capture_output=True, text=True, cwd=str(REPO), env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True, text=True, cwd=str(REPO), env={**(os.environ if env is None else env),
+                                                             "PYTHONWARNINGS": "ignore"},
     )
     for line in proc.stdout.splitlines():
         if line.startswith(PROBE_TAG):
             return json.loads(line[len(PROBE_TAG):])
-    raise BenchError(f"memory probe {spec['impl']} {spec['model']} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    raise BenchError(f"{spec.get('kind', 'memory')} probe {spec['impl']} {spec['model']} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")

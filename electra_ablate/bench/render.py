@@ -1,7 +1,8 @@
 """The markdown of reports/benchmarks.md, from a finished run's `Report`; it measures nothing.
 
 One function per section, in the order of the file; each returns its lines, none when the run skipped it. The
-header and the headline comparison with transformers are here, the other sections in render_sections.py."""
+header, the headline comparison with transformers, the allocator and profile sections are here, the other sections in
+render_sections.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def render(rep: Report) -> str:
     """The whole file: every section the run measured, in order, joined by newlines."""
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
              sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory,
-             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, sections.notes)
+             sections.syncs, sections.corpus_build, sections.throughput, sections.presets, _allocator, _profile,
+             sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 
 
@@ -49,7 +51,7 @@ def _header(rep: Report) -> list[str]:
 
 
 # Sections that say how they time in their own text; the header's timing line is about the others.
-OWN_TIMING = {"build", "throughput", "presets"}
+OWN_TIMING = {"build", "throughput", "presets", "allocator", "profile"}
 
 
 def _timing(rep: Report) -> list[str]:
@@ -178,4 +180,63 @@ def _gpu(rep: Report) -> list[str]:
               "", f"Not measured: {NO_GPU_NOTE}. The GPU target (ELECTRA-Small >= 1.1M tokens/s in bf16) is "
               "neither met nor missed here; run this command with `--device cuda` on a GPU machine."]
     L.append("")
+    return L
+
+EXPECTED_STATE = {"default": "off", "kept": "kept"}  # common/allocator.py's state in each row's process
+
+
+def _allocator(rep: Report) -> list[str]:
+    """Each preset's step with glibc's defaults and with freed memory kept, from the processes of `allocator`."""
+    if not rep.allocator:
+        return []
+    s = rep.settings
+    L = ["## Freed memory kept in the process (glibc)", "",
+         "Each row is a fresh process (`--probe`) timing the step of a preset (conf/experiment/) at its own shape, at "
+         f"each precision of `--precisions`, {s.warmup} warm-up and {s.piece_reps} timed steps, {s.threads} thread(s); "
+         "the two processes of a step start one after the other (default, then kept). default: "
+         "ELECTRA_ABLATE_KEEP_FREED_MEMORY=0, glibc's own settings; kept: what every entry point sets "
+         "(electra_ablate/common/allocator.py: M_MMAP_MAX=0 and M_TRIM_THRESHOLD=-1, exported as MALLOC_MMAP_MAX_ "
+         "and MALLOC_TRIM_THRESHOLD_); a state in brackets where a process found otherwise. Minor faults, system and "
+         "user time: getrusage over the timed steps, per step (CPU time moves less with the load than seconds do); "
+         "peak RSS: the process's ru_maxrss (torch, the data and the networks included).", "",
+         "| preset | objective | vocabulary | batch | precision | allocator | s/step | minor faults/step "
+         "| system s/step | user s/step | peak RSS (MiB) | speed-up | CPU-time speed-up |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    default = {(r["preset"], r["objective"], r["precision"]): r for r in rep.allocator if r["impl"] == "default"}
+    for r in rep.allocator:
+        base = default.get((r["preset"], r["objective"], r["precision"]))
+        cpu = r["sys_s_per_step"] + r["user_s_per_step"]
+        speedups = ([f"{base['step_s'] / r['step_s']:.2f}x",
+                     f"{(base['sys_s_per_step'] + base['user_s_per_step']) / cpu:.2f}x"]
+                    if base is not None and r is not base else ["", ""])
+        label = r["impl"] if r["allocator"] == EXPECTED_STATE[r["impl"]] else f"{r['impl']} ({r['allocator']})"
+        L.append(f"| `{r['preset']}` | {r['objective']} | {r['vocab']} | {r['batch'][0]} x {r['batch'][1]} "
+                 f"| {r['precision']} | {label} | {fmt(r['step_s'])} | {r['faults_per_step']:.0f} "
+                 f"| {fmt(r['sys_s_per_step'])} | {fmt(r['user_s_per_step'])} | {r['peak_rss_mib']:.0f} | "
+                 + " | ".join(speedups) + " |")
+    L += ["", "Per-step times (s), in order: " + "; ".join(
+        f"{r['preset']} {r['objective']} {r['precision']} {r['impl']}: {', '.join(f'{x:.3f}' for x in r['steps'])}"
+        for r in rep.allocator), ""]
+    return L
+
+
+def _profile(rep: Report) -> list[str]:
+    """Each profiled step's operations' own CPU time by family, in seconds per step and as a share."""
+    if not rep.profile:
+        return []
+    s = rep.settings
+    L = ["## Where a step's time goes, by operation family", "",
+         "torch.profiler over the step of a preset (conf/experiment/) at its own shape and the runtime default "
+         f"precision, in the benchmark's own process (freed memory kept), {s.warmup} warm-up and {s.piece_reps} "
+         f"profiled steps, {s.threads} thread(s): each operation's own (self) CPU time, summed by family "
+         "(electra_ablate/bench/sections_profile.py: an operation on a vocabulary-sized tensor is the head's, "
+         "whatever its name; the rest by the operation's name), per step. The profiler's own overhead is in it.", ""]
+    for r in rep.profile:
+        total = sum(r["families"].values())
+        L += [f"`{r['preset']}` {r['objective']} ({r['vocab']} pieces, {r['precision']}): {total:.3f} s per step",
+              "", "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
+        L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% | "
+              + ", ".join(f"`{op}` {s_op:.3f}" for op, s_op in r["largest"][name]) + " |"
+              for name, sec in r["families"].items()]
+        L.append("")
     return L

@@ -69,7 +69,7 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
-            "throughput", "presets", "capture", "loop")
+            "throughput", "presets", "allocator", "profile", "capture", "loop")
 # The sections a plain `python -m electra_ablate.bench` runs: capture and loop compile and train, for the GPU check
 # (scripts/gpu_check.sh) or on request.
 DEFAULT_SECTIONS = SECTIONS[:-2]
@@ -127,6 +127,8 @@ class Report:
     throughput: list[dict] = field(default_factory=list)
     capture: list[dict] = field(default_factory=list)
     loop: list[dict] = field(default_factory=list)
+    allocator: list[dict] = field(default_factory=list)
+    profile: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 

@@ -36,7 +36,7 @@ from typing import TypeVar
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from electra_ablate.common import job_stops, stops
+from electra_ablate.common import allocator, console, job_stops, stops
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PACKAGE = __name__.split(".")[0]
@@ -270,7 +270,11 @@ def one_line_errors(main: F) -> F:
     def run(*args, **kwargs):
         global _depth, _existed
         task = bool(args) and isinstance(args[0], DictConfig)  # a Hydra task function (a run or a job)
-        if not task and _depth == 0:  # the command itself
+        if task:  # the job's own config may give freed memory back (common/allocator.py); its line in the log only
+            console.setup()
+            allocator.for_job(args[0])
+        elif _depth == 0:  # the command itself: freed memory kept before any tensor exists
+            allocator.keep_freed_memory()
             stops.mark_entry_process()
             _existed = None
         _depth += 1
