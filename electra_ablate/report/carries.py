@@ -56,6 +56,13 @@ def deciding(verdict: str, without: Mapping[str, mb.Difference]) -> dict[str, mb
     return {t: d for t, d in without.items() if verdict_of(d) != verdict}
 
 
+def recorded_deciding(claim: Mapping) -> dict[str, Mapping]:
+    """`deciding` for a claim as a report's verdicts.json records it (its `verdict` and `without`)."""
+    if claim.get("verdict") not in ("holds", "reversed"):
+        return {}
+    return {t: w for t, w in (claim.get("without") or {}).items() if w["verdict"] != claim["verdict"]}
+
+
 def _name(task: str) -> str:
     return glue.get_task(task).dir_name
 

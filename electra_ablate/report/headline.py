@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from electra_ablate.glue import tasks as glue
+from electra_ablate.report import carries, verdicts
 
 START = "<!-- long-run: written by `python -m electra_ablate.report.holds` from reports/cpu_long; do not edit by hand -->"
 
@@ -25,10 +25,6 @@ REPORT = "reports/cpu_long.md"
 WIDTH = 120  # the docs' line width
 
 
-def _name(task: str) -> str:
-    return glue.get_task(task).dir_name
-
-
 def _difference(c: Mapping) -> str:
     return f"{c['estimate']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}]"
 
@@ -39,16 +35,10 @@ def _short(verdict: str) -> str:
 
 def _carried(c: Mapping) -> str:
     """'; reversed on CoLA; without STS-B reversed, -3.7 [-6.1, -1.0]': where the tasks disagree with the mean."""
-    out = []
-    by = {}
-    for t, pt in (c.get("per_task") or {}).items():
-        if pt["verdict"] in ("holds", "reversed") and pt["verdict"] != c["verdict"]:
-            by.setdefault(pt["verdict"], []).append(_name(t))
-    out += [f"{v} on {', '.join(ts)}" for v, ts in by.items()]
-    for t, w in (c.get("without") or {}).items():
-        if c["verdict"] in ("holds", "reversed") and w["verdict"] != c["verdict"]:
-            out.append(f"without {_name(t)} {_short(w['verdict'])}, "
-                       f"{w['estimate']:+.1f} [{w['low']:+.1f}, {w['high']:+.1f}]")
+    split = verdicts.resolved_elsewhere(c["verdict"], {t: pt["verdict"] for t, pt in (c.get("per_task") or {}).items()})
+    out = [split] if split else []
+    out += [f"without {verdicts.glue_task_names([t])[0]} {_short(w['verdict'])}, {_difference(w)}"
+            for t, w in carries.recorded_deciding(c).items()]
     return "".join(f"; {x}" for x in out)
 
 
@@ -58,11 +48,11 @@ def lines(record: Mapping | None, link: str = REPORT) -> list[str]:
         return [f"The long run's report is not committed yet ([{link}]({link}) once rendered)."]
     medians: Mapping[str, Mapping[str, float]] = record.get("medians") or {}
     tasks: Sequence[str] = record.get("tasks") or []
-    names = ", ".join(_name(t) for t in tasks)
+    names = ", ".join(verdicts.glue_task_names(tasks))
     arms = ", ".join(f"{v} {m['glue']:.1f}" for v, m in sorted(medians.items(), key=lambda kv: -kv[1].get("glue", 0))
                      if "glue" in m)
-    per_task = "; ".join(f"{_name(t)} " + " / ".join(f"{medians[v][t]:.1f}" for v in medians if t in medians[v])
-                         for t in tasks)
+    per_task = "; ".join(f"{name} " + " / ".join(f"{medians[v][t]:.1f}" for v in medians if t in medians[v])
+                         for t, name in zip(tasks, verdicts.glue_task_names(tasks)))
     seeds = min((n for c in record["claims"] for n in (c.get("runs") or {}).values()), default=0)
     out = [f"GLUE-{len(tasks)} ({names}) medians over {seeds} fine-tuning seeds at the final checkpoints: {arms}; per task "
            f"({' / '.join(medians)}): {per_task}. One pre-training seed per arm: the intervals cover fine-tuning seeds "

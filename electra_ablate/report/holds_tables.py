@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from electra_ablate.report import carries
 from electra_ablate.report import verdicts as vd
 from electra_ablate.report.holds_record import (DETAIL_DOC, NOT_COMMITTED, NOT_RUN, PRESETS, SANITY, Preset, _by_arms,
                                                 _command, _instrument, _per_task_verdicts, _sweep_label, preset_tasks,
@@ -211,8 +212,7 @@ def _summary_cells(entries: Sequence[Mapping], on: tuple[str, ...]) -> list[str]
         tasks = tuple(c.get("tasks") or ())
         where = f" on {_instrument(tasks)}" if tasks and (tasks != on or len(shown) > 1) else ""
         notes = [split] if split else []
-        rests = [t for t, w in (c.get("without") or {}).items()
-                 if c["verdict"] in vd.RESOLVED and w["verdict"] != c["verdict"]]
+        rests = list(carries.recorded_deciding(c))
         if rests:  # leaving this task out alone changes the verdict (report/carries.py)
             notes.append(f"rests on {', '.join(vd.glue_task_names(rests))}")
         if c.get("groups") and min(c["groups"].values()) == 1:  # the interval leaves pre-training variance out
