@@ -9,13 +9,12 @@ import json
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from electra_ablate.training import finetune_source
 from electra_ablate.training import finetuning
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.sweep.compose import FINETUNE_GROUP, compose_session, make_context
 from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
+from electra_ablate.sweep.spec import read_raw
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "identities.json"
@@ -30,7 +29,7 @@ FAKE_RUN = "0" * 32
 
 
 def scales_of(path: Path) -> list[str | None]:
-    raw = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    raw = read_raw(path)  # with the keys of its `base` sweep
     return sorted(raw.get("scales") or {}) or [None]
 
 
@@ -51,21 +50,27 @@ def current_identities(tmp: Path, lookups: dict[str, list[str]] | None = None) -
                     if lookups is not None:
                         lookups[f"{path.stem}/{scale}/{v.label}/pretrain"] = hashes
                 for v in ctx.spec.variants:
-                    ckpt = (Checkpoint(v.label, None, None, None, True, None) if v.pretrained
-                            else Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0,
-                                            random_init=v.random_init_of is not None))
-                    ctx.write_finetune_config(ckpt)
-                    task = ctx.spec.tasks[0]
-                    cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}",
-                                                f"task={task}", "seed=0"])
-                    (task_spec, task_cfg), = [t for t in finetuning.selected_tasks(cfg)]
-                    cfg, task_cfg = finetuning.for_task(cfg, task_spec.name, task_cfg)
-                    spec = finetune_source.normalise_spec(cfg.pretrained)
-                    ident = finetuning.run_identity(cfg, task_cfg, spec)
-                    out[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.config_hash(ident)
-                    if lookups is not None:
-                        lookups[f"{path.stem}/{scale}/{v.label}/finetune/{task}"] = tracking.identity_hashes(ident)
+                    # A sweep of several recipes: each recipe on every task (where recipes differ is per task).
+                    jobs = ([(r, t) for r in ctx.spec.recipes for t in ctx.spec.tasks] if ctx.spec.recipes
+                            else [(None, ctx.spec.tasks[0])])
+                    for recipe, task in jobs:
+                        key = f"{path.stem}/{scale}/{v.label}/finetune/{task}" + (f"/{recipe}" if recipe else "")
+                        ident = finetune_identity(ctx, v, task, recipe)
+                        out[key] = tracking.config_hash(ident)
+                        if lookups is not None:
+                            lookups[key] = tracking.identity_hashes(ident)
     return out
+
+
+def finetune_identity(ctx, v, task: str, recipe: str | None) -> dict:
+    """The run identity of variant `v`'s final-checkpoint job on `task`, seed 0 (under `recipe`, if the sweep has several)."""
+    ckpt = (Checkpoint(v.label, None, None, None, True, None, recipe=recipe) if v.pretrained
+            else Checkpoint(v.label, 0, FAKE_RUN, 1, True, 1.0, random_init=v.random_init_of is not None, recipe=recipe))
+    ctx.write_finetune_config(ckpt)
+    cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}", f"task={task}", "seed=0"])
+    (task_spec, task_cfg), = [t for t in finetuning.selected_tasks(cfg)]
+    cfg, task_cfg = finetuning.for_task(cfg, task_spec.name, task_cfg)
+    return finetuning.run_identity(cfg, task_cfg, finetune_source.normalise_spec(cfg.pretrained))
 
 
 if __name__ == "__main__":

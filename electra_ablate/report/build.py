@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from electra_ablate.common import cli, console
 from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
-from electra_ablate.report import arms, expected_max, holds, outcome, precision, sensitivity, verdicts
+from electra_ablate.report import arms, expected_max, holds, outcome, precision, recipes, sensitivity, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure, task_curves_figure,
                                            pretraining_curves_figure)
@@ -114,6 +114,8 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     closing += sensitivity.section(ctx.spec, summary.tasks, summary.medians, results,
                                    sensitivity.task_seconds(final, data.frame, client))
     closing += precision.section(data, results)
+    if len(ctx.spec.recipes) > 1:
+        closing += recipes.section(recipes.gather(ctx, client, recipes.under(data, summary, results), paper, waiting))
     return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing), results
 
 

@@ -25,7 +25,7 @@ from electra_ablate.report.predictions import is_degenerate, load_run_prediction
 from electra_ablate.sweep.compose import SweepContext
 from electra_ablate.sweep.jobs import Checkpoint, FinetuneKey
 from electra_ablate.sweep.plan import (PretrainState, available_tasks, checkpoints_of, finetune_hashes, finetune_key,
-                                       key_of, pretrain_states, random_init_checkpoints, saved_so_far)
+                                       key_of, pretrain_states, random_init_checkpoints, saved_so_far, under_recipes)
 from electra_ablate.tracking import runs as tracking
 
 
@@ -47,6 +47,7 @@ class SweepData:
     # looked for
     skipped: list[str] = field(default_factory=list)
     glue_dir: str | None = None
+    recipe: str | None = None  # the fine-tuning recipe of `scores` where the sweep lists several (spec.recipes)
 
     @property
     def intermediate(self) -> bool:
@@ -90,11 +91,25 @@ def _checkpoints(spec, states: Sequence[PretrainState]) -> tuple[list[Checkpoint
     return checkpoints + random_init_checkpoints(spec, checkpoints), problems
 
 
-def collect(ctx: SweepContext, client) -> SweepData:
+def _by_key(spec, checkpoints: Sequence[Checkpoint], hashes: dict) -> dict[FinetuneKey, set[str]]:
+    """Every config hash a job of the grid may have, by its key: those of all the sweep's recipes together."""
+    out: dict[FinetuneKey, set[str]] = {}
+    for c in checkpoints:
+        for task in spec.tasks:
+            for seed in spec.seeds:
+                out.setdefault(key_of(c, task, seed), set()).update(hashes[(c.config_name, task, seed)])
+    return out
+
+
+def collect(ctx: SweepContext, client, recipe: str | None = None) -> SweepData:
+    """The sweep's runs; where it lists several fine-tuning recipes, those of `recipe` (default: the first)."""
     spec = ctx.spec
     frame = tracking.runs_frame(client, ctx.experiment)
     states = pretrain_states(ctx, client)
     checkpoints, problems = _checkpoints(spec, states)
+    recipe = (recipe or spec.recipes[0]) if spec.recipes else None
+    every = under_recipes(spec, checkpoints)  # a run of another of the sweep's recipes is not an outdated one
+    checkpoints = under_recipes(spec, checkpoints, [recipe])
 
     ft = frame[frame.get("tags.kind", pd.Series(dtype=str)) == "finetune"] if len(frame) else frame
     ft = ft.sort_values("start_time", ascending=False) if len(ft) else ft
@@ -110,7 +125,8 @@ def collect(ctx: SweepContext, client) -> SweepData:
                                                     or "final/score" in client.get_run(row["run_id"]).data.metrics)
         (done if finished else failed).setdefault(key, []).append(row)
 
-    hashes = finetune_hashes(ctx, checkpoints) if checkpoints and spec.tasks and spec.seeds else {}
+    hashes = finetune_hashes(ctx, every) if checkpoints and spec.tasks and spec.seeds else {}
+    sweeps_own = _by_key(spec, every, hashes)
     available = available_tasks(ctx) if spec.tasks else None  # None: the HF loader, every task can run
     no_data: dict[str, list[str]] = {}  # task without local data -> its missing jobs' lines
     records = []
@@ -126,7 +142,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
                     if bad is not None:
                         problems.append(f"fine-tuning {c.config_name} {task} seed {seed}: {bad['status']} "
                                         f"(MLflow run {bad['run_id']})")
-                    elif done.get(key):
+                    elif _current(done.get(key, []), sweeps_own[key]) is None and done.get(key):
                         superseded.append(seed)
                     else:
                         absent.append(seed)
@@ -161,7 +177,7 @@ def collect(ctx: SweepContext, client) -> SweepData:
         "degenerate"])
     data = SweepData(ctx, states, checkpoints, scores, problems, frame, predictions=predictions,
                      curves=pretraining_curves(client, states), skipped=skipped,
-                     glue_dir=str(ctx.compose_finetune().glue_data.dir) if skipped else None)
+                     glue_dir=str(ctx.compose_finetune().glue_data.dir) if skipped else None, recipe=recipe)
     if "learning_curves" in spec.figures or data.intermediate:
         data.flops = checkpoint_flops(client, states, checkpoints)
     return data

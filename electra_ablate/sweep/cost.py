@@ -13,7 +13,8 @@ generator, the nearest vocabulary, sequence length and batch. A job on a GPU, or
 gets "no measured step cost" and counts in no total.
 
 Fine-tuning: the median wall time of the finished fine-tuning runs of the same task in the sweep's MLflow experiment;
-with none, no estimate. When the sweep pre-trains first, the jobs of checkpoints its pre-training has still to save
+with none, no estimate. A sweep of several recipes prices each recipe's jobs apart: its training examples x epochs
+(from the local data, as the job will read it) at the finished runs' median seconds per example and epoch. When the sweep pre-trains first, the jobs of checkpoints its pre-training has still to save
 (and the random-init arms shaped like them) count too.
 """
 
@@ -29,12 +30,12 @@ from typing import NamedTuple
 from hydra.utils import get_class
 
 from electra_ablate.common import precision
-from electra_ablate.sweep.compose import SweepContext, compose_session
+from electra_ablate.sweep.compose import FINETUNE_GROUP, SweepContext, compose_session
 from electra_ablate.sweep.jobs import Checkpoint
 from electra_ablate.sweep.plan import PretrainState, saved_so_far
 from electra_ablate.sweep.spec import REPO_ROOT
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import build, run_folder
+from electra_ablate.training import build, finetuning, run_folder
 
 REPORTS = REPO_ROOT / "reports"
 PRESETS_JSON, THROUGHPUT_JSON = "benchmarks_presets.json", "benchmarks_throughput.json"
@@ -210,53 +211,107 @@ def pretrain_cost(ctx: SweepContext, states: Sequence[PretrainState], costs: Ste
 # --- fine-tuning -------------------------------------------------------------------------------------------
 
 
-def finetune_seconds(client, experiment: str) -> dict[str, list[float]]:
-    """Wall seconds of the FINISHED fine-tuning runs in `experiment`, by task."""
+def finetune_seconds(client, experiment: str) -> dict[str, list[tuple[float, float | None]]]:
+    """(wall seconds, work) of the FINISHED fine-tuning runs in `experiment`, by task; the work is the training
+    examples times the epochs the run recorded (None where it did not)."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return {}
     runs = client.search_runs([exp.experiment_id], max_results=50000, filter_string=(
         f"tags.{tracking.TAG_KIND} = 'finetune' and attributes.status = 'FINISHED'"))
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[tuple[float, float | None]]] = {}
     for r in runs:
         if r.info.start_time and r.info.end_time and r.data.tags.get("task"):
-            out.setdefault(r.data.tags["task"], []).append((r.info.end_time - r.info.start_time) / 1000)
+            out.setdefault(r.data.tags["task"], []).append(((r.info.end_time - r.info.start_time) / 1000,
+                                                            _work(r.data.params)))
     return out
+
+
+def _work(params) -> float | None:
+    try:
+        return float(params["resolved.train_examples"]) * float(params["task.epochs"])
+    except (KeyError, ValueError):
+        return None
+
+
+def job_work(ctx: SweepContext, ckpt: Checkpoint, task: str) -> tuple[int, int] | None:
+    """(training examples, epochs) of a fine-tuning job as its config gives them, the examples counted in the local
+    data as the run will read them (cut, pairs of an unordered task doubled); None without local data."""
+    ctx.write_finetune_config(ckpt)
+    cfg = ctx.compose_finetune([ctx.searchpath, f"+{FINETUNE_GROUP}={ckpt.config_name}", f"task={task}"])
+    (spec, task_cfg), = finetuning.selected_tasks(cfg)
+    cfg, task_cfg = finetuning.for_task(cfg, spec.name, task_cfg)
+    if cfg.glue_data.source != "tsv":
+        return None
+    try:
+        data = finetuning.load_task_data(cfg, spec)
+    except (OSError, ValueError):
+        return None
+    return len(data["train"]), int(task_cfg.epochs)
 
 
 def future_finetune_jobs(ctx: SweepContext, states: Sequence[PretrainState], tasks: Sequence[str]) -> dict[str, int]:
     """Fine-tuning jobs, by task, of the checkpoints the pre-training still to run will save (and of the
-    random-init arms shaped like a run that has saved none yet: plan.random_init_checkpoints)."""
+    random-init arms shaped like a run that has saved none yet: plan.random_init_checkpoints), under each of the
+    sweep's recipes."""
     per_task = 0
     for state in (s for s in states if s.needs_pretraining):
         saved = {c.fraction for c in saved_so_far(state, ctx.spec.checkpoints)}
         per_task += sum(1 for f in ctx.spec.checkpoints if f not in saved) * len(ctx.spec.seeds)
         if not saved:
             per_task += sum(1 for v in ctx.spec.variants if v.random_init_of == state.job.variant) * len(ctx.spec.seeds)
+    per_task *= max(len(ctx.spec.recipes), 1)
     return {t: per_task for t in tasks} if per_task else {}
 
 
 def finetune_cost(ctx: SweepContext, client, todo: Sequence[tuple[Checkpoint, str, int]],
                   future: dict[str, int]) -> PhaseCost:
+    """Each task's jobs x the median wall time of its finished runs; where the sweep lists several recipes, each
+    recipe's jobs of a task apart, priced by their work (examples x epochs) at the finished runs' median seconds
+    per example and epoch, since recipes differ in exactly that."""
     measured = finetune_seconds(client, ctx.experiment)
     lines, total, priced, jobs = [], 0.0, 0, 0
+    recipes = ctx.spec.recipes or (None,)
     for task in ctx.spec.tasks:
-        now, later = sum(1 for _, t, _ in todo if t == task), future.get(task, 0)
-        if not now + later:
-            continue
-        jobs += now + later
-        count = f"{now + later} job(s)" + (f", {later} of them of checkpoints pre-training has still to save"
-                                           if later else "")
-        runs = measured.get(task, [])
-        if not runs:
-            lines.append(f"{task}: {count}: no measured cost (no fine-tuning run of {task} has finished in MLflow "
-                         f"experiment {ctx.experiment})")
-            continue
-        each = statistics.median(runs)
-        total, priced = total + each * (now + later), priced + now + later
-        lines.append(f"{task}: {count} x {each:.0f} s = {each * (now + later) / 3600:.1f} core-hours (the median of "
-                     f"{len(runs)} finished {task} run(s) in MLflow experiment {ctx.experiment})")
+        for recipe in recipes:
+            mine = [c for c, t, _ in todo if t == task and c.recipe == recipe]
+            now, later = len(mine), future.get(task, 0) // len(recipes)
+            if not now + later:
+                continue
+            jobs += now + later
+            label = task if recipe is None else f"{task} ({recipe})"
+            count = f"{now + later} job(s)" + (f", {later} of them of checkpoints pre-training has still to save"
+                                               if later else "")
+            runs = measured.get(task, [])
+            if not runs:
+                lines.append(f"{label}: {count}: no measured cost (no fine-tuning run of {task} has finished in MLflow "
+                             f"experiment {ctx.experiment})")
+                continue
+            each, why = _finetune_each(ctx, task, recipe, mine, runs)
+            total, priced = total + each * (now + later), priced + now + later
+            lines.append(f"{label}: {count} x {each:.0f} s = {each * (now + later) / 3600:.1f} core-hours ({why})")
     return PhaseCost("finetune", jobs, priced, total / 3600, lines)
+
+
+def _finetune_each(ctx: SweepContext, task: str, recipe: str | None, mine: Sequence[Checkpoint],
+                   runs: Sequence[tuple[float, float | None]]) -> tuple[float, str]:
+    """The seconds of one job and what they rest on."""
+    median = (statistics.median(s for s, _ in runs),
+              f"the median of {len(runs)} finished {task} run(s) in MLflow experiment {ctx.experiment}")
+    rates = [s / w for s, w in runs if w]
+    if recipe is None or not rates:
+        return median
+    v = ctx.spec.variants[0]  # jobs of checkpoints still to be saved: any checkpoint's config has the recipe's work
+    stand_in = (Checkpoint(v.label, None, None, None, True, None, recipe=recipe) if v.pretrained
+                else Checkpoint(v.label, 0, "0" * 32, 1, True, 1.0, v.random_init_of is not None, recipe=recipe))
+    with compose_session():
+        work = job_work(ctx, mine[0] if mine else stand_in, task)
+    if work is None:
+        return median
+    rate = statistics.median(rates)
+    return rate * work[0] * work[1], (f"{work[0]:,} examples x {work[1]} epochs at {rate * 1000:.2f} ms an example "
+                                      f"and epoch, the median of {len(rates)} finished {task} run(s) in MLflow "
+                                      f"experiment {ctx.experiment}")
 
 
 def describe(costs: Sequence[PhaseCost], step_costs: StepCosts | None) -> str:

@@ -1,6 +1,8 @@
 """The units of work of a sweep and the keys that find them again in MLflow: a pre-training job (variant x
 seed), a checkpoint to fine-tune (a pre-training run's step, a `pretrained` model as is, or a random-init encoder
-shaped like a run), and the key of a fine-tuning job (source, step, task, seed)."""
+shaped like a run; under one fine-tuning recipe where the sweep lists several), and the key of a fine-tuning job
+(source, step, task, seed: the recipe is not in it, the config hash of the job's composed config tells recipes
+apart, as sweep.plan.matches reads it)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ class Checkpoint(NamedTuple):
     final: bool
     fraction: float | None
     random_init: bool = False  # the run's architecture and vocabulary with fresh random weights
+    # The fine-tuning recipe (conf/recipe/) of a sweep that lists several (`recipes`); None: the variant's own
+    # fine-tuning overrides, as a sweep of one recipe has them.
+    recipe: str | None = None
 
     @property
     def arm_final(self) -> bool:
@@ -30,9 +35,9 @@ class Checkpoint(NamedTuple):
 
     @property
     def config_name(self) -> str:
-        if self.run_id is None:
-            return self.variant
-        return f"{self.variant}-s{self.pretrain_seed}-{'final' if self.final else f'step{self.step}'}"
+        name = self.variant if self.run_id is None else (
+            f"{self.variant}-s{self.pretrain_seed}-{'final' if self.final else f'step{self.step}'}")
+        return name if self.recipe is None else f"{name}-{self.recipe}"
 
     @property
     def source(self) -> str:

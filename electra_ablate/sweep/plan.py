@@ -146,6 +146,15 @@ def random_init_checkpoints(spec: SweepSpec, found: Sequence[Checkpoint]) -> lis
     return out
 
 
+def under_recipes(spec: SweepSpec, checkpoints: Sequence[Checkpoint],
+                  recipes: Sequence[str] | None = None) -> list[Checkpoint]:
+    """Each checkpoint under each of the sweep's recipes (or those of `recipes`), recipe-major; a sweep without
+    `recipes` fine-tunes them as they are, under its variants' own fine-tuning overrides."""
+    if not spec.recipes:
+        return list(checkpoints)
+    return [c._replace(recipe=r) for r in (spec.recipes if recipes is None else recipes) for c in checkpoints]
+
+
 def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey,
             config_hash: str | Sequence[str] | None = None) -> Any:
     """The newest finished run for `key` (with `config_hash`, or any of these hashes, when given: a run of
@@ -190,7 +199,7 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
         found, missing = checkpoints_of(state, ctx.spec.checkpoints)
         checkpoints += found
         notes += missing
-    checkpoints += random_init_checkpoints(ctx.spec, checkpoints)
+    checkpoints = under_recipes(ctx.spec, checkpoints + random_init_checkpoints(ctx.spec, checkpoints))
     done, _ = finetune_runs(client, ctx.experiment)
     hashes = finetune_hashes(ctx, checkpoints)
     todo = [(c, t, s) for c in checkpoints for t in ctx.spec.tasks for s in ctx.spec.seeds

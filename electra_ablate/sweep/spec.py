@@ -38,6 +38,12 @@ TOP_KEYS = {
     "seeds": "fine-tuning seeds (the paper: median of 10)",
     "pretrain_seeds": "pre-training seeds (a pre-trained variant may run a subset: its own `pretrain_seeds`)",
     "checkpoints": "fractions of trainer.max_steps whose checkpoints are fine-tuned (1.0 = the final one)",
+    "exports": "fractions (< 1) of trainer.max_steps pre-training saves; default: those of `checkpoints`. A sweep that "
+               "fine-tunes fewer checkpoints of another sweep's runs keeps that sweep's (they are in its runs' identity)",
+    "recipes": "fine-tuning recipes (conf/recipe/) every checkpoint is fine-tuned under, the report side by side; "
+               "default: the one the `finetune` overrides name. The first one's runs are those of a sweep of it alone",
+    "base": "a sweep this file is read over (its keys merged over that sweep's, `name` its own): a second look at "
+            "another sweep's runs, e.g. under other recipes",
     "pretrain": "overrides for every pre-training job",
     "finetune": "overrides for every fine-tuning job",
     "variants": "label -> overrides of one variant (beside `axes`: only arms without pre-training, such as the floor)",
@@ -83,6 +89,8 @@ class SweepSpec:
     checkpoints: tuple[float, ...]
     variants: tuple[Variant, ...]
     notes: str = ""
+    exports: tuple[float, ...] = ()  # fractions < 1 pre-training saves (load_sweep: `exports`, else checkpoints < 1)
+    recipes: tuple[str, ...] = ()  # several fine-tuning recipes (conf/recipe/), the first the main one; () = one
     experiment: str = ""  # the MLflow experiment (load_sweep sets it; the sweep's name unless the file names another)
     # The report's file stem: the sweep's name at its default scale, `<name>_<scale>` at any other, so that the
     # reports of one sweep at two scales (a committed CPU report, a user's GPU run) sit side by side.
@@ -143,7 +151,7 @@ def _apply_scale(raw: dict, scales: Mapping, scale, where: str) -> dict:
     if scale not in scales:
         raise SweepError(f"{where}: scale={scale!r} is not one of its scales {sorted(scales)} (pass scale=<one of them>)")
     overlay = scales[scale] or {}
-    bad = sorted(set(overlay) - set(TOP_KEYS) - {"axes"})
+    bad = sorted(set(overlay) - set(TOP_KEYS) - {"axes"} | {"base"} & set(overlay))
     if bad:
         raise SweepError(f"{where}: scales.{scale} has unknown key(s) {bad}")
     extra_variants = sorted(set(overlay.get("variants") or {}) - set(raw.get("variants") or {}))
@@ -161,9 +169,8 @@ def _apply_scale(raw: dict, scales: Mapping, scale, where: str) -> dict:
     return raw
 
 
-def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
-    """Read sweeps/<name>.yaml (or a path) at `scale`, with every check that needs no config composition."""
-    path = sweep_path(name)
+def read_raw(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A sweep file's keys, merged over those of its `base` sweep (recursively; `name` is the file's own)."""
     where = f"sweep file {path}"
     try:  # OmegaConf's YAML reading, as Hydra's: 5e-4 is a float (plain YAML 1.1 would read a string)
         raw = OmegaConf.to_container(OmegaConf.create(path.read_text() or "{}"))
@@ -174,6 +181,24 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         raise SweepError(f"{where}: unknown key(s) {unknown}; valid keys: {', '.join(TOP_KEYS)}")
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    base_path = sweep_path(base) if Path(str(base)).suffix else SWEEPS_DIR / f"{base}.yaml"
+    if not base_path.is_file():
+        raise SweepError(f"{where}: base={base!r} names no sweep file ({base_path} is missing)")
+    if base_path.resolve() in seen:
+        raise SweepError(f"{where}: base={base!r} comes back to a file already read ({base_path})")
+    under = read_raw(base_path, (*seen, path.resolve()))
+    under.pop("name", None)
+    return _merge(under, raw)
+
+
+def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
+    """Read sweeps/<name>.yaml (or a path) at `scale`, with every check that needs no config composition."""
+    path = sweep_path(name)
+    where = f"sweep file {path}"
+    raw = read_raw(path)
     scales = raw.pop("scales", None) or {}
     scale = scale or raw.get("default_scale")
     if scales:
@@ -218,6 +243,8 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
             raise SweepError(f"{where}: variant {v.label} has pretrain_seeds={list(v.pretrain_seeds)}, which must be a "
                              f"non-empty subset of the sweep's pretrain_seeds {list(seeds)}")
     report_name = name_ if not scales or scale == raw.get("default_scale") else f"{name_}_{scale}"
+    exports = _exports(raw.get("exports"), checkpoints, where)
+    recipes = _recipes(raw.get("recipes"), where)
     return SweepSpec(
         name=name_,
         experiment=experiment,
@@ -234,7 +261,37 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         pretrain_seeds=seeds,
         checkpoints=tuple(sorted(checkpoints)),
         variants=tuple(variants),
+        exports=exports,
+        recipes=recipes,
     )
+
+
+def _exports(raw, checkpoints: tuple[float, ...], where: str) -> tuple[float, ...]:
+    """The fractions pre-training saves before its end: `exports`, which must hold every fine-tuned one."""
+    if raw is None:
+        return tuple(sorted(f for f in checkpoints if f < 1.0))
+    values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    if not all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < 1 for f in values):
+        raise SweepError(f"{where}: exports={raw!r} must be a list of fractions in (0, 1) (the final step is always saved)")
+    missing = sorted(set(f for f in checkpoints if f < 1.0) - {float(f) for f in values})
+    if missing:
+        raise SweepError(f"{where}: checkpoints {missing} are not in exports={list(values)}; a checkpoint fine-tuned "
+                         "must be saved (add them to exports)")
+    return tuple(sorted(float(f) for f in values))
+
+
+def _recipes(raw, where: str) -> tuple[str, ...]:
+    """The fine-tuning recipes, each an option of conf/recipe/ (none: the `finetune` overrides decide)."""
+    if raw is None:
+        return ()
+    values = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    known = sorted(p.stem for p in (CONF_DIR / "recipe").glob("*.yaml"))
+    if not values or not all(isinstance(r, str) for r in values) or len(set(values)) != len(values):
+        raise SweepError(f"{where}: recipes={raw!r} must be a list of distinct recipe names, from {known}")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise SweepError(f"{where}: recipes names {unknown}, which are not in conf/recipe/; known: {known}")
+    return tuple(values)
 
 
 def _variants(raw: dict, where: str) -> list[Variant]:

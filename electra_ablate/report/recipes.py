@@ -1,0 +1,143 @@
+"""A sweep fine-tuned under several recipes (sweeps/<name>.yaml `recipes`): each recipe's GLUE table and verdicts side
+by side, and per claim whether the verdict is the same under every recipe and which task moves it most.
+
+Fine-tuning budgets move BERT-style comparisons (few epochs on small sets leave an encoder under-fitted: Mosbach et
+al., 2021), so a verdict read through a recipe cut to fit a CPU may be the recipe's. The report's other sections read
+the first recipe; this one reads each recipe's runs (report/collect.py `collect(..., recipe=)`) through the same
+verdicts (report/verdicts.py), bootstrap samples and seed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from electra_ablate.glue import tasks as glue
+from electra_ablate.report import carries, verdicts
+from electra_ablate.report.collect import SweepData, collect
+from electra_ablate.report.recipe import recipe_lines
+from electra_ablate.report.stats import Summary, summarize
+from electra_ablate.report.tables import table
+
+
+@dataclass
+class UnderRecipe:
+    """One recipe's runs and what the report reads from them."""
+
+    recipe: str
+    data: SweepData
+    summary: Summary
+    results: list[verdicts.Verdict]
+
+
+def final_scores(data: SweepData) -> pd.DataFrame:
+    return data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+
+
+def under(data: SweepData, summary: Summary, results: list) -> UnderRecipe:
+    return UnderRecipe(data.recipe or "", data, summary, results)
+
+
+def gather(ctx, client, first: UnderRecipe, paper, waiting) -> list[UnderRecipe]:
+    """`first` (the report's main recipe), then every other recipe of the sweep, collected and judged alike."""
+    out = [first]
+    for recipe in ctx.spec.recipes[1:]:
+        data = collect(ctx, client, recipe)
+        results = verdicts.verdicts(ctx.spec, final_scores(data), client, paper, predictions=data.predictions,
+                                    waiting=waiting)
+        out.append(UnderRecipe(recipe, data, summarize(data), results))
+    return out
+
+
+def _name(task: str) -> str:
+    return glue.get_task(task).dir_name
+
+
+def _cell(v: verdicts.Verdict | None) -> str:
+    if v is None:
+        return "not judged"
+    if v.difference is None:
+        return v.verdict
+    return f"{v.verdict.replace(' at this scale', '')}, {carries.interval(v.difference)}"
+
+
+def _moved_most(per_recipe: Sequence[verdicts.Verdict | None]) -> str:
+    """The task whose difference moves most from the first recipe to any other, with both estimates."""
+    first = per_recipe[0]
+    if first is None or not first.per_task:
+        return "–"
+    best, shift = "", 0.0
+    for other in per_recipe[1:]:
+        for t, tv in (other.per_task if other is not None else {}).items():
+            base = first.per_task.get(t)
+            if tv.difference is None or base is None or base.difference is None:
+                continue
+            delta = tv.difference.estimate - base.difference.estimate
+            if abs(delta) > abs(shift):
+                shift = delta
+                best = (f"{_name(t)}: {base.difference.estimate:+.1f} → {tv.difference.estimate:+.1f} "
+                        f"({tv.verdict.replace(' at this scale', '')})")
+    return best or "–"
+
+
+def agreement(runs: Sequence[UnderRecipe]) -> list[tuple[str, list[verdicts.Verdict | None], bool]]:
+    """Per claim of the first recipe: its verdict under each recipe, and whether they are all the same."""
+    out = []
+    for v in runs[0].results:
+        each = [next((w for w in r.results if w.claim.text == v.claim.text), None) for r in runs]
+        same = all(w is not None and w.verdict == v.verdict for w in each)
+        out.append((v.claim.text, each, same))
+    return out
+
+
+def agreement_lines(runs: Sequence[UnderRecipe]) -> list[str]:
+    """One line per claim, for the console and the report's words: agrees or differs across recipes."""
+    lines = []
+    for text, each, same in agreement(runs):
+        where = "; ".join(f"{r.recipe}: {_cell(w)}" for r, w in zip(runs, each))
+        word = "the same under every recipe" if same else "differs across recipes"
+        moved = _moved_most(each)
+        lines.append(f"{text}: {word} ({where})" + (f"; moved most by {moved}" if moved != "–" else ""))
+    return lines
+
+
+def section(runs: Sequence[UnderRecipe]) -> list[str]:
+    """## Under each fine-tuning recipe: the medians and GLUE score of each (variant, recipe), then each claim's
+    verdict per recipe with the agreement and the task that moves most; each recipe's settings per task."""
+    if len(runs) < 2:
+        return []
+    names = ", ".join(f"`{r.recipe}`" for r in runs)
+    tasks = [t for t in glue.TASKS if any(t in r.summary.tasks for r in runs)]
+    out = ["## Under each fine-tuning recipe", "",
+           f"Every checkpoint of this sweep is fine-tuned under {len(runs)} recipes ({names}); the sections above read "
+           f"`{runs[0].recipe}`. Here each recipe's final-checkpoint medians and GLUE score, then each claim's "
+           "verdict under each, judged alike (the same bootstrap, samples and seed). A verdict that differs across "
+           "recipes is the fine-tuning protocol's as much as the pre-training's.", ""]
+    rows = []
+    for v in dict.fromkeys(label for r in runs for label in r.summary.medians.index):
+        for r in runs:
+            if v not in r.summary.medians.index:
+                continue
+            med = r.summary.medians.loc[v]
+            cells = [f"{med[t]:.1f}" if t in med and pd.notna(med[t]) else "–" for t in tasks]
+            glue_score = r.summary.glue.get(v)
+            short = f" (of {len(r.summary.tasks)} tasks)" if len(r.summary.tasks) < len(tasks) else ""
+            rows.append([v, f"`{r.recipe}`", *cells, "–" if glue_score is None else f"{glue_score:.1f}{short}"])
+    out += [table(["variant", "recipe", *(_name(t) for t in tasks), verdicts.glue_label(tasks).partition(":")[0]],
+                  rows), ""]
+    claim_rows = []
+    for text, each, same in agreement(runs):
+        claim_rows.append([text, *(_cell(w) for w in each), "same" if same else "**differs**", _moved_most(each)])
+    out += [table(["claim", *(f"`{r.recipe}`" for r in runs), "across recipes", "task that moves most (Δ first → other)"],
+                  claim_rows), ""]
+    out += ["In words:", "", *(f"- {line}" for line in agreement_lines(runs)), ""]
+    for r in runs[1:]:
+        if r.data.problems:
+            out += [f"`{r.recipe}` is not complete: {len(r.data.problems)} line(s) of missing or failed fine-tuning "
+                    f"(its scores and verdicts cover the runs that finished), the first: {r.data.problems[0]}.", ""]
+    for r in runs[1:]:
+        settings = recipe_lines(final_scores(r.data), r.data.frame)
+        if settings:
+            out += [f"### The `{r.recipe}` recipe's settings", "", *settings[1:]]
+    return out
