@@ -149,7 +149,8 @@ def test_no_two_sub_packages_import_each_other():
 def test_the_bench_and_the_entry_points_never_import_the_probes():
     """The research probes (probes/) stand on the bench and the training code; nothing but a probe needs a probe,
     so moving or dropping one touches nothing else."""
-    users = sorted(a for a, deps in graph().items() if package(a) != "probes" and any(package(b) == "probes" for b in deps))
+    users = sorted(a for a, deps in graph().items()
+                   if package(a) != "probes" and any(package(b) == "probes" for b in deps))
     assert not users, users
 
 

@@ -230,7 +230,7 @@ def check_bench_build(result: Result, runner: Runner) -> None:
 
 
 def check_curve(result: Result, runner: Runner) -> None:
-    """docs/usage.md's curve probe: a row per implementation in the CSV under <outputs>/curves/, and the table printed."""
+    """docs/usage.md's curve probe: a row per implementation in the CSV under <outputs>/curves/, the table printed."""
     (path,) = (runner.home / "curves").glob("electra-vs-transformers-*.csv")
     assert ",ours," in path.read_text() and ",transformers," in path.read_text()
     assert "| step | tokens | ours: MLM loss" in result.output

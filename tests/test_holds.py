@@ -122,7 +122,7 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_findings(t
     repo = tmp_path / "repo"
     (repo / "reports").mkdir(parents=True)
     readme, findings = repo / "README.md", repo / holds.DETAIL_DOC
-    readme_text = f"# x\n{headline.SUMMARY_START}\n{headline.SUMMARY_END}\n"
+    readme_text = f"# x\n{holds.QUICK_START}\n{holds.QUICK_END}\n{headline.SUMMARY_START}\n{headline.SUMMARY_END}\n"
     readme.write_text(readme_text)
     findings.parent.mkdir()
     findings_text = (f"# y\n{holds.START}\n{holds.END}\n{headline.START}\n{headline.END}\n"
@@ -153,7 +153,8 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_findings(t
             "[weight_sharing_cpu.md](../reports/weight_sharing_cpu.md) |" in text)
     assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
     assert "](reports/" not in text
-    # No long-run report yet: README's headline says so and links the findings page.
+    # No main-job or long-run report yet: README's blocks say so, and the headline links the findings page.
+    assert "The main job's report is not committed yet" in readme.read_text()
     assert "The long run's report is not committed yet." in readme.read_text()
     assert f"[{headline.FINDINGS}]({headline.FINDINGS})" in readme.read_text()
 

@@ -18,7 +18,8 @@ MODULE = re.compile(r"(?<![\w.])electra_ablate(?:\.[A-Za-z_]\w*)+")
 # A repository path with a file extension, or a folder with its trailing slash, standing on its own (not the tail
 # of another path: `../reports/x.md` is a markdown link, checked from its file; `<outputs>/sweeps/` is a template).
 FOLDERS = ("conf", "electra_ablate", "docs", "reports", "sweeps", "tests", "scripts")
-FILE = re.compile(rf"(?<![\w./<>-])(?:{'|'.join(FOLDERS)})/[\w./-]*?(?:\.(?:py|yaml|md|sh|json|png|toml|txt)\b|/(?=[\s`'\")\],;:]|$))")
+EXTENSIONS = "py|yaml|md|sh|json|png|toml|txt"
+FILE = re.compile(rf"(?<![\w./<>-])(?:{'|'.join(FOLDERS)})/[\w./-]*?(?:\.(?:{EXTENSIONS})\b|/(?=[\s`'\")\],;:]|$))")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 # Named paths a command writes rather than the repository holds.
@@ -37,7 +38,8 @@ KNOWN_STALE = {
 
 def sources() -> list[Path]:
     docs = [p for p in sorted((REPO / "docs").rglob("*.md")) if NOTEBOOK not in p.parents]
-    return [REPO / "README.md", *docs, *sorted((REPO / "sweeps").glob("*.yaml")), *sorted((REPO / "conf").rglob("*.yaml"))]
+    configs = [*sorted((REPO / "sweeps").glob("*.yaml")), *sorted((REPO / "conf").rglob("*.yaml"))]
+    return [REPO / "README.md", *docs, *configs]
 
 
 def module_exists(dotted: str) -> bool:

@@ -6,9 +6,9 @@ what Lightning's loop costs per step on top of the step alone (`loop`).
 batches, interleaved; with the compile time, the peak GPU memory and how far apart the two loss curves are (the
 random numbers differ: inductor draws its own, so the gap is sampling noise plus rounding, not zero).
 
-`loop`: the same config trained by Lightning exactly as pre-training trains it (bench/loop.py, the pilot's loop: the Trainer,
-its checkpoint cadence, the data loader with the runtime's workers and pinned memory, the metric windows), its
-tokens/s read off the windows after the first (which holds start-up and compiling), against the isolated step's.
+`loop`: the same config trained by Lightning exactly as pre-training trains it (bench/loop.py, the pilot's loop: the
+Trainer, its checkpoint cadence, the data loader with the runtime's workers and pinned memory, the metric windows),
+its tokens/s read off the windows after the first (which holds start-up and compiling), against the isolated step's.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from electra_ablate.common import cli
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m electra_ablate.probes.pilot", description=__doc__.split("\n\n")[0],
-        epilog="example:\n  python -m electra_ablate.probes.pilot electra-lr5e-4 experiment=cpu_regime objective=electra "
-        "\\\n    optim.lr=5e-4 trainer.max_steps=4944 --out pilots/electra-lr5e-4.csv",
+        epilog="example:\n  python -m electra_ablate.probes.pilot electra-lr5e-4 experiment=cpu_regime "
+        "objective=electra \\\n    optim.lr=5e-4 trainer.max_steps=4944 --out pilots/electra-lr5e-4.csv",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", help="the pilot's name, the CSV's first column")
     p.add_argument("overrides", nargs="*", help="pre-training overrides of conf/pretrain.yaml, as "

@@ -217,8 +217,8 @@ def markdown(rows: Sequence[dict]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m electra_ablate.probes.states", description=__doc__.split("\n\n")[0],
-        epilog="example:\n  python -m electra_ablate.probes.states electra=<run id> bert=<run id> --random-init-of electra "
-        "\\\n    --examples 512 --override glue_data.max_seq_length=64",
+        epilog="example:\n  python -m electra_ablate.probes.states electra=<run id> bert=<run id> "
+        "--random-init-of electra \\\n    --examples 512 --override glue_data.max_seq_length=64",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("encoders", nargs="+", help="NAME=<pretrained dir | MLflow pre-training run id | hf:...>")
     p.add_argument("--random-init-of", default=None,

@@ -96,7 +96,7 @@ def summary(record: Mapping | None, findings: str = FINDINGS, link: str = REPORT
     seeds = min((c.get("groups") or {}).values(), default=0)
     verdict = (f"{c['claim']}: **{c['verdict']}**, {_difference(c)}{_carried(c)}" if c.get("estimate") is not None
                else f"{c['claim']}: {c['verdict']}")
-    text = (f"The long run ([{link}]({link}): {tokens / 1e6:.0f}M pre-training tokens for the longest arm, "
-            f"{'one' if seeds == 1 else seeds} pre-training seed{'s' if seeds != 1 else ''} per arm) scores GLUE-{len(tasks)} medians {arms}. "
-            f"{verdict}. {more}")
+    per_arm = f"{'one' if seeds == 1 else seeds} pre-training seed{'s' if seeds != 1 else ''} per arm"
+    text = (f"The long run ([{link}]({link}): {tokens / 1e6:.0f}M pre-training tokens for the longest arm, {per_arm}) "
+            f"scores GLUE-{len(tasks)} medians {arms}. {verdict}. {more}")
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False)
