@@ -163,7 +163,14 @@ def extract(path: Path, root: Path) -> list[DocCommand]:
     return sorted(commands, key=lambda c: c.line)
 
 
+NOTEBOOK = "docs/notebook/"  # the dated lab notebook: its commands are history, composed but not run
+
+
 def documented_commands(root: Path) -> list[DocCommand]:
-    """The commands of README.md and docs/*.md under the checkout `root`."""
-    files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The commands of README.md, docs/*.md and the lab notebook (docs/notebook/**) under the checkout `root`."""
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / NOTEBOOK).rglob("*.md"))]
     return [c for f in files if f.is_file() for c in extract(f, root)]
+
+
+def in_notebook(cmd: DocCommand) -> bool:
+    return cmd.file.startswith(NOTEBOOK)

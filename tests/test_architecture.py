@@ -14,13 +14,15 @@ MAX_FUNCTION_LINES = 80
 # Functions still over MAX_FUNCTION_LINES, to be split where they are edited next; keep this list short.
 LONG_FUNCTIONS: set[str] = set()
 
-# Lower layers never import higher ones. Entry points: pretrain, finetune, export, submit, sweep, report, bench.
+# Lower layers never import higher ones. Entry points: pretrain, finetune, export, submit, sweep, report, bench,
+# probes (the research probes build on the bench's reference; the bench never imports them).
 LAYERS = {
     "common": 0, "tracking": 0,
     "models": 1, "data": 1, "optim": 1,
     "objectives": 2, "generators": 2, "sharing": 2, "weighting": 2,
     "training": 3, "algorithms": 3, "glue": 3, "hf": 3,
     "pretrain": 4, "finetune": 4, "export": 4, "submit": 4, "sweep": 4, "report": 4, "bench": 4,
+    "probes": 4,
 }
 
 
@@ -142,6 +144,14 @@ def test_no_two_sub_packages_import_each_other():
     runner gets the report writer from conf/sweep.yaml)."""
     found = cycles(package_graph())
     assert not found, found
+
+
+def test_the_bench_and_the_entry_points_never_import_the_probes():
+    """The research probes (probes/) stand on the bench and the training code; nothing but a probe needs a probe,
+    so moving or dropping one touches nothing else."""
+    users = sorted(a for a, deps in graph().items()
+                   if package(a) != "probes" and any(package(b) == "probes" for b in deps))
+    assert not users, users
 
 
 def test_the_cycle_check_sees_function_level_and_relative_imports(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo
 
-from electra_ablate.bench import pilot
+from electra_ablate.probes import pilot
 from electra_ablate.objectives.base import Batch
 from electra_ablate.training import build
 from electra_ablate.training.checks import ConfigError, validate

@@ -1,4 +1,4 @@
-"""Every command the README and docs/*.md show, run the way a user runs it.
+"""Every command the README and docs/*.md show, run the way a user runs it; the lab notebook's, composed.
 
 The other tests compose configs in Python; these start the documented commands in fresh processes, on the
 hermetic data folder (conftest.py), in a temporary ELECTRA_ABLATE_HOME and working directory, with reports
@@ -13,6 +13,10 @@ Each documented command is looked up in COMMANDS by its text (or in SKIP_PATTERN
   says the command writes. Expensive ones are marked `slow`.
 - `Skip`: not run here, with the reason (a GPU, a cluster, the network, a server, an install, the test
   suite itself). pytest shows the reason.
+
+The dated lab notebook (docs/notebook/**) is history: its commands need no entry, are never run, and those of a
+Hydra entry point are composed like any other (`notebook_spec` fills their placeholders), so an entry whose
+command no longer composes against today's configs shows up.
 
 A command in neither fails `test_documented_command_runs`, in the default run: a newly documented command
 gets smoke settings or a skip reason before it is merged. Every command of a Hydra entry point (pretrain,
@@ -45,7 +49,7 @@ from pathlib import Path
 
 import pytest
 
-from docs_commands import DocCommand, documented_commands, normalize, program, split_env
+from docs_commands import DocCommand, documented_commands, in_notebook, normalize, program, split_env
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -59,9 +63,8 @@ TIMEOUT_S = 1800
 # A 2-step pre-training run on a few hundred documents of the hermetic corpus, whatever the model size.
 PRETRAIN_2_STEPS = ("trainer.max_steps=2", "optim.warmup_steps=1", "data.max_docs=200", "data.batch_size=4",
                     "data.max_seq_length=64", "runtime.num_workers=0", "trainer.enable_progress_bar=false")
-# The tiny shape of conftest.TINY_PRETRAIN (2 layers, hidden 64): fine-tuning it is seconds.
-TINY_SHAPE = ("model.hidden_size=64", "model.embedding_size=32", "model.num_hidden_layers=2",
-              "model.num_attention_heads=2", "model.intermediate_size=128")
+# The tiny shape of conftest.TINY_PRETRAIN (2 layers, hidden 64; conf/debug/smoke.yaml): fine-tuning it is seconds.
+TINY_SHAPE = ("debug=smoke",)
 FINETUNE_SMALL = ("glue_data.max_train_examples=16", "glue_data.max_eval_examples=16", "glue_data.max_seq_length=32",
                   "task.epochs=1", "runtime.num_workers=0", "trainer.enable_progress_bar=false")
 # The quick sweep shrunk, but with enough fine-tuning that a tiny encoder leaves the majority class of the
@@ -226,31 +229,15 @@ def check_bench_build(result: Result, runner: Runner) -> None:
     assert out.is_file() and "word pieces/s" in out.read_text(), out
 
 
-def check_lrprobe(random_init: bool, jobs: int, experiment: str = "lrprobe") -> Callable:
-    """docs/cpu_scale.md's probes: every (encoder, lr, seed) job FINISHED in the probe's experiment."""
-
-    def check(result: Result, runner: Runner) -> None:
-        runs = [r for r in runner.runs(experiment=experiment, kind="finetune")
-                if (r.data.tags.get("random_init") == "true") == random_init]
-        assert len(runs) >= jobs, [(r.data.tags, r.data.params.get("finetune_optim.lr")) for r in runs]
-
-    return check
-
-
-def check_pilot(result: Result, runner: Runner) -> None:
-    check_pretrained(result, runner)
-    assert re.search(r"pre-trained bert-", result.output)
-
-
 def check_curve(result: Result, runner: Runner) -> None:
-    """docs/cpu_scale.md: a row per implementation in the CSV under <outputs>/curves/, and the table printed."""
+    """docs/usage.md's curve probe: a row per implementation in the CSV under <outputs>/curves/, the table printed."""
     (path,) = (runner.home / "curves").glob("electra-vs-transformers-*.csv")
     assert ",ours," in path.read_text() and ",transformers," in path.read_text()
     assert "| step | tokens | ours: MLM loss" in result.output
 
 
 def check_pilot_csv(result: Result, runner: Runner) -> None:
-    """docs/cpu_scale.md: the pilot's windows, one row per logged step, in the CSV the command names."""
+    """docs/usage.md's pilot: its windows, one row per logged step, in the CSV the command names."""
     lines = (result.tmp / "pilots" / "lr5e-4.csv").read_text().splitlines()
     assert lines[0].startswith("name,step,tokens,") and [line.split(",")[:2] for line in lines[1:]] == [
         ["lr5e-4", "1"], ["lr5e-4", "2"], ["lr5e-4", "3"]], lines
@@ -280,7 +267,7 @@ def check_joblib_pretrain(result: Result, runner: Runner) -> None:
 
 def check_states(*names: str):
     def check(result: Result, runner: Runner) -> None:
-        """docs/cpu_scale.md: a row per (encoder, layer), the output the classifier reads among them."""
+        """docs/usage.md's states probe: a row per (encoder, layer), the output the classifier reads among them."""
         for name in (*names, "random init"):
             assert f"| {name} | embeddings |" in result.output and f"| {name} | output |" in result.output, name
     return check
@@ -324,16 +311,6 @@ def write_my_conf(tmp: Path) -> None:
         "    pass\n")
 
 
-def write_cpu_evidence_2x2(tmp: Path) -> None:
-    """sweeps/cpu_evidence.yaml with 2 pre-training and 2 fine-tuning seeds instead of 3 and 5 (seeds are set
-    only in the sweep file): the same arms, scale and multi-seed report."""
-    text = (REPO / "sweeps" / "cpu_evidence.yaml").read_text()
-    text, n = re.subn(r"^seeds: \[.*\]$", "seeds: [0, 1]", text, flags=re.M)
-    text, m = re.subn(r"^pretrain_seeds: \[.*\]$", "pretrain_seeds: [0, 1]", text, flags=re.M)
-    assert n == m == 1, "sweeps/cpu_evidence.yaml no longer sets seeds and pretrain_seeds at the top level"
-    (tmp / "cpu_evidence.yaml").write_text(text)
-
-
 def write_cpu_regime_2x2(tmp: Path) -> None:
     """sweeps/cpu_regime.yaml with 2 pre-training and 2 fine-tuning seeds and one intermediate checkpoint (at
     half of the smoke's 2 steps): the same presets, arms and report."""
@@ -346,7 +323,7 @@ def write_cpu_regime_2x2(tmp: Path) -> None:
 
 
 def check_holds_current(result: Result, runner: Runner) -> None:
-    """README: the table is rewritten in place, so the smoke only asks whether it is current."""
+    """docs/findings.md: the tables are rewritten in place, so the smoke only asks whether they are current."""
     assert "'What holds at CPU scale' is current" in result.output, result.output
 
 
@@ -364,43 +341,28 @@ def check_regime_report(result: Result, runner: Runner) -> None:
 
 PRETRAIN_SMALL = ("python -m electra_ablate.pretrain objective=electra sharing=embeddings model=small "
                   "generator.hidden_size=0.25 seed=3 trainer.max_steps=1000")
-PILOT = ("OMP_NUM_THREADS=1 python -m electra_ablate.pretrain model=tiny data=wiki data.max_docs=40000 "
-         "data.train_vocab_size=8000 data.max_seq_length=64 data.batch_size=128 optim.warmup_steps=40 "
-         "trainer.max_steps=400 logger.log_every_n_steps=25 runtime.precision=bf16-mixed runtime.num_workers=0 "
-         "seed=0 <pilot overrides>")
 QUICK = "python -m electra_ablate.sweep sweep=quick"
 REPORT_DIR = "report_dir={tmp}/reports"
 RUN_ID = FromRun(PRETRAIN_SMALL, "run_id")
 PRETRAINED_DIR = FromRun(PRETRAIN_SMALL, "pretrained_dir", dummy="/nonexistent/pretrained/final")
-BERT_DIR = FromRun(PILOT, "pretrained_dir", dummy="/nonexistent/bert/pretrained/final")
 QUICK_SMOKE = Smoke((QUICK_PRETRAIN, QUICK_FINETUNE, REPORT_DIR), check=check_report("quick", ("electra", "bert", "none")))
 PYTEST = "runs the test suite itself (this module is part of it)"
 GPU = "needs GPUs"
-
-# docs/cpu_scale.md's fine-tuning of the collapsed ELECTRA checkpoint: the quick sweep's recipe.
-COLLAPSE_FINETUNE = ("finetune_optim.lr=5e-4 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
-                     "runtime.num_workers=0 logger.experiment=collapse")
-
-COLLAPSE_LR5E4 = ("OMP_NUM_THREADS=1 python -m electra_ablate.pretrain model=tiny data=wiki objective=electra "
-                  "data.max_docs=40000 data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=5e-4 "
-                  "optim.warmup_steps=30 trainer.max_steps=300 logger.log_every_n_steps=25 runtime.num_workers=0 "
-                  "trainer.enable_progress_bar=false seed=0 logger.experiment=collapse")
-COLLAPSE_LR5E4_ID = FromRun(COLLAPSE_LR5E4, "run_id")
+# The lab notebook's commands are history: composed against today's configs, never run. Its placeholders, for the
+# composition: a pre-trained directory stands in for any <...> (notebook_spec), these for the others.
+NOTEBOOK_SKIP = "a dated entry of the lab notebook (docs/notebook/): composed, not run"
+NOTEBOOK_PLACEHOLDERS = {"<pilot overrides>": "objective=bert optim.lr=1e-3"}
 
 COMMANDS: dict[str, Smoke | Skip] = {
     # README: quick start
     "bash setup.sh && . .venv/bin/activate": Skip("makes a virtual environment and installs packages (network)"),
     "bash setup.sh": Skip("makes a virtual environment and installs packages (network)"),
     QUICK: QUICK_SMOKE,
-    "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_evidence hydra/launcher=joblib hydra.launcher.n_jobs=2":
-        Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
-              replace={"sweep=cpu_evidence": "sweep={tmp}/cpu_evidence.yaml"}, setup=write_cpu_evidence_2x2,
-              check=check_report("cpu_evidence", ("electra", "bert", "none"))),
     "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime hydra/launcher=joblib hydra.launcher.n_jobs=2":
         Smoke((QUICK_PRETRAIN, hydra_list("finetune_overrides", FINETUNE_SMALL[:3] + ("task.epochs=1",)), REPORT_DIR),
               replace={"sweep=cpu_regime": "sweep={tmp}/cpu_regime.yaml"}, setup=write_cpu_regime_2x2,
               check=check_regime_report),
-    # README: what holds at CPU scale (the table's command); docs/cpu_scale.md: the four ablation sweeps at scale cpu
+    # docs/findings.md: what holds at CPU scale (the tables' command); docs/presets.md: the ablation sweeps at scale cpu
     "python -m electra_ablate.report.holds":
         Smoke(replace={"report.holds": "report.holds --check"}, check=check_holds_current, slow=False),
     **{f"OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep={name} scale=cpu hydra/launcher=joblib "
@@ -408,7 +370,7 @@ COMMANDS: dict[str, Smoke | Skip] = {
                                        "(test_documented_command_composes), and the cpu_regime sweep's smoke runs "
                                        "the same presets end to end")
        for name in ("table5_efficiency", "weight_sharing", "generator_size", "training_algorithms")},
-    # docs/cpu_scale.md: the preset at the paper's vocabulary, its sweep, its step costs and its pilot
+    # docs/findings.md and docs/presets.md: the preset at the paper's vocabulary, its sweeps and its step costs
     "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k hydra/launcher=joblib hydra.launcher.n_jobs=2":
         Skip("9-10 hours of two free cores; every job's config composes (test_documented_command_composes), and the "
              "cpu_regime sweep's smoke runs the same pipeline end to end"),
@@ -420,28 +382,24 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("Small-size fine-tuning; every job's config composes (test_documented_command_composes), and "
              "tests/test_report.py fine-tunes and reports an unfinished run's saved checkpoints on a store it fills"),
     "python -m electra_ablate.sweep sweep=cpu_regime_30k dry_run=true": Smoke(check=check_dry_run_cost),
-    'OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_regime_30k "phases=[finetune,report]" '
-    "hydra/launcher=joblib hydra.launcher.n_jobs=2":
-        Skip("the 30k sweep's fine-tuning of its finished checkpoints, after hours of pre-training; every job's config "
-             "composes (test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
     "OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long hydra/launcher=joblib hydra.launcher.n_jobs=2":
         Skip("the long run: about 15 core-hours of pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py checks its budget and checkpoints"),
     "python -m electra_ablate.sweep sweep=cpu_long dry_run=true": Smoke(check=check_long_dry_run),
-    'OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long "phases=[finetune,report]"':
-        Skip("the long run's fine-tuning of the checkpoints it has saved, beside its pre-training; every job's config "
-             "composes (test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
-    ("python -m electra_ablate.sweep sweep=quick \"pretrain_overrides=['runtime.precision=32-true']\" "
-     "\"finetune_overrides=['runtime.precision=32-true']\""):
-        Skip("the README's main job at fp32 (12 minutes of two cores); its smoke (sweep=quick) runs the same job, and "
-             "precision is a speed setting that leaves the runs' identity alone (tests/test_precision.py)"),
-    "python -m electra_ablate.sweep sweep=cpu_regime_30k phases=[finetune]":
-        Skip("the 30k sweep's fine-tuning phase, after hours of its pre-training; every job's config composes "
-             "(test_documented_command_composes), and tests/test_sweeps.py runs a sweep's phases one at a time"),
     "python -m electra_ablate.report sweep=cpu_regime_30k":
         Smoke((REPORT_DIR,), check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
-    "python -m electra_ablate.bench.states electra=<final dir> bert=<final dir> --random-init-of bert":
-        Smoke(("--examples 8",), replace={"<final dir>": BERT_DIR}, check=check_states("electra", "bert")),
+    # docs/usage.md: the probes
+    "python -m electra_ablate.probes.states electra=<final dir> bert=<final dir> --random-init-of bert":
+        Smoke(("--examples 8",), replace={"<final dir>": PRETRAINED_DIR}, check=check_states("electra", "bert")),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.probes.curve model=tiny data=wiki data.max_docs=40000 "
+     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=1e-3 optim.warmup_steps=60 "
+     "trainer.max_steps=750 runtime.num_workers=0"):
+        Smoke(("debug=smoke", "data.max_docs=200", "data.batch_size=4", "optim.warmup_steps=1", "trainer.max_steps=3",
+               "--log-every 1"), check=check_curve, slow=False),
+    ("python -m electra_ablate.probes.pilot lr5e-4 experiment=cpu_regime objective=electra trainer.max_steps=4944 "
+     "optim.lr=5e-4 --out pilots/lr5e-4.csv"):
+        Smoke((*PRETRAIN_2_STEPS, "debug=smoke", "trainer.max_steps=3", "logger.log_every_n_steps=1"),
+              check=check_pilot_csv, slow=False),
     ("OMP_NUM_THREADS=1 python -m electra_ablate.bench --models tiny --sections allocator --warmup 2 --piece-reps 4 "
      "--threads 1 --out reports/benchmarks_allocator.md"):
         Skip("times each preset's steps on the real corpus in 16 fresh processes (minutes); tests/test_bench.py runs "
@@ -454,10 +412,6 @@ COMMANDS: dict[str, Smoke | Skip] = {
              "tests/test_allocator.py pre-trains with and without the setting at test size"),
     "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":
         Skip("times the presets on the real corpus (minutes); tests/test_bench.py runs the section at test sizes"),
-    ("python -m electra_ablate.bench.pilot bert30k-s128 experiment=cpu_regime_30k objective=bert seed=0 "
-     "--out pilots/bert30k-s128.csv"):
-        Skip("the cpu_regime_30k sweep's seed-0 BERT run without its store (hours of a core); the lr5e-4 pilot "
-             "command runs the module at smoke scale"),
     # README: the paper's sweeps on GPUs and clusters
     "python -m electra_ablate.sweep sweep=table5_efficiency scale=base hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8":
         Skip(GPU + " (8, one job per GPU)"),
@@ -500,86 +454,11 @@ COMMANDS: dict[str, Smoke | Skip] = {
     "python -m electra_ablate.pretrain 'hydra.searchpath=[file:///path/to/my_conf]' objective=my_objective":
         Smoke((*PRETRAIN_2_STEPS, "model=tiny", *TINY_SHAPE), replace={"/path/to/my_conf": "{tmp}/my_conf"},
               setup=write_my_conf, pythonpath=(str(TESTS),), check=check_my_objective),
-    # docs/cpu_scale.md: the pilots and the fine-tuning lr probe
-    PILOT: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "logger.log_every_n_steps=1"),
-                 replace={"<pilot overrides>": "objective=bert optim.lr=1e-3"}, check=check_pilot),
-    ("python -m electra_ablate.finetune -m hydra/launcher=joblib hydra.launcher.n_jobs=2 "
-     "pretrained=<bert-s0 pretrained/final>,<electra-s0 pretrained/final> random_init=false task=sst2 seed=0,1 "
-     "finetune_optim.lr=3e-4,1e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=4000 task.epochs=2 "
-     "runtime.num_workers=0 logger.experiment=lrprobe"):
-        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert-s0 pretrained/final>": BERT_DIR,
-                                                    "<electra-s0 pretrained/final>": PRETRAINED_DIR},
-              check=check_lrprobe(random_init=False, jobs=4)),
-    ("python -m electra_ablate.finetune -m hydra/launcher=joblib hydra.launcher.n_jobs=2 "
-     "pretrained=<bert-s0 pretrained/final> random_init=true task=sst2 seed=0,1 finetune_optim.lr=3e-4,1e-3,5e-3 "
-     "glue_data.max_seq_length=64 glue_data.max_train_examples=4000 task.epochs=2 runtime.num_workers=0 "
-     "logger.experiment=lrprobe"):
-        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert-s0 pretrained/final>": BERT_DIR},
-              check=check_lrprobe(random_init=True, jobs=3)),
-    ("python -m electra_ablate.finetune -m pretrained=<electra pretrained/final> random_init=true task=sst2 "
-     "seed=0,1 finetune_optim.lr=3e-4,5e-4,1e-3,2e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 "
-     "task.epochs=2 runtime.num_workers=0 logger.experiment=ftprobe"):
-        Smoke(("seed=0", "finetune_optim.lr=1e-3", *FINETUNE_SMALL), replace={"<electra pretrained/final>": PRETRAINED_DIR},
-              check=check_lrprobe(random_init=True, jobs=1, experiment="ftprobe")),
-    ("python -m electra_ablate.finetune -m pretrained=<bert pretrained/final> task=sst2 seed=0,1 "
-     "finetune_optim.lr=5e-4,1e-3 glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
-     "runtime.num_workers=0 logger.experiment=ftprobe"):
-        Smoke(("seed=0", "finetune_optim.lr=1e-3", *FINETUNE_SMALL), replace={"<bert pretrained/final>": BERT_DIR},
-              check=check_lrprobe(random_init=False, jobs=1, experiment="ftprobe")),
-    ("python -m electra_ablate.finetune -m pretrained=<bert pretrained/final>,<electra pretrained/final> "
-     "random_init=false task=sst2 seed=0,1 finetune_optim.lr=2e-3 finetune_optim.bias_correction=true "
-     "finetune_optim.loss_reduction=mean glue_data.max_seq_length=64 glue_data.max_train_examples=2000 task.epochs=2 "
-     "runtime.num_workers=0 logger.experiment=ftprobe"):
-        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<bert pretrained/final>": BERT_DIR,
-                                                    "<electra pretrained/final>": PRETRAINED_DIR},
-              check=check_lrprobe(random_init=False, jobs=2, experiment="ftprobe")),
-    ("python -m electra_ablate.pretrain model=tiny objective=bert data=wiki data.max_docs=40000 "
-     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=2e-3 optim.warmup_steps=60 "
-     "trainer.max_steps=1500 model.layer_norm=pre model.hidden_dropout_prob=0 model.attention_probs_dropout_prob=0 "
-     "runtime.num_workers=0 logger.experiment=pilots"):
-        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
-    ("OMP_NUM_THREADS=1 python -m electra_ablate.bench.curve model=tiny data=wiki data.max_docs=40000 "
-     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=1e-3 optim.warmup_steps=60 "
-     "trainer.max_steps=750 runtime.num_workers=0"):
-        Smoke((*TINY_SHAPE, "data.max_docs=200", "data.batch_size=4", "optim.warmup_steps=1", "trainer.max_steps=3",
-               "--log-every 1"), check=check_curve, slow=False),
-    ("python -m electra_ablate.pretrain model=tiny objective=bert data=wiki data.max_docs=40000 "
-     "data.train_vocab_size=2000 data.max_seq_length=64 data.batch_size=128 optim.lr=2e-3 optim.warmup_steps=120 "
-     "trainer.max_steps=6000 model.layer_norm=pre model.hidden_dropout_prob=0 model.attention_probs_dropout_prob=0 "
-     "'trainer.export_fractions=[0.0625,0.125,0.25,0.5]' runtime.num_workers=0 logger.experiment=pilots"):
-        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=4", "trainer.export_fractions=[0.5]"),
-              check=check_pretrained),
-    ("python -m electra_ablate.finetune -m pretrained=<pre-LN BERT pretrained/final> task=sst2 "
-     "glue_data.max_train_examples=4000 task.epochs=3 glue_data.max_seq_length=64 pooling=mean dropout.hidden=0 "
-     "dropout.attention=0 finetune_optim.lr=5e-4 seed=0,1,2 random_init=false,true runtime.num_workers=0 "
-     "logger.experiment=window"):
-        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<pre-LN BERT pretrained/final>": BERT_DIR},
-              check=check_lrprobe(random_init=True, jobs=1, experiment="window")),
-    ("python -m electra_ablate.bench.pilot lr5e-4 experiment=cpu_regime objective=electra trainer.max_steps=4944 "
-     "optim.lr=5e-4 --out pilots/lr5e-4.csv"):
-        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE, "trainer.max_steps=3", "logger.log_every_n_steps=1"),
-              check=check_pilot_csv, slow=False),
-    # docs/cpu_scale.md: why ELECTRA checkpoints fine-tune to one class
-    ("python -m electra_ablate.bench.states electra=<electra run id> electra-lr5e-4=<electra lr 5e-4 run id> "
-     "bert=<bert run id> --random-init-of electra --examples 512 --override glue_data.max_seq_length=64"):
-        Smoke(("--examples 8",), replace={"<electra run id>": RUN_ID, "<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID,
-                                          "<bert run id>": BERT_DIR}, check=check_states("electra", "electra-lr5e-4", "bert")),
-    COLLAPSE_LR5E4: Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
-    **{"python -m electra_ablate.finetune -m pretrained=<electra lr 5e-4 run id> task=sst2 seed=0,1,2 " + change
-       + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra lr 5e-4 run id>": COLLAPSE_LR5E4_ID},
-                                  check=check_lrprobe(random_init=False, jobs=1, experiment="collapse"))
-       for change in ("", "pooling=mean reinit_top_layers=0,1 ")},
-    ("python -m electra_ablate.finetune -m pretrained=<electra pretrained/final> task=sst2 seed=0,1,2 "
-     "pooling=cls,mean reinit_top_layers=0,1,2 " + COLLAPSE_FINETUNE):
-        Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra pretrained/final>": PRETRAINED_DIR},
-              check=check_lrprobe(random_init=False, jobs=6, experiment="collapse")),
-    **{f"python -m electra_ablate.finetune -m pretrained=<electra run id> {change} task=sst2 seed=0,1,2 "
-       + COLLAPSE_FINETUNE: Smoke(("seed=0", *FINETUNE_SMALL), replace={"<electra run id>": RUN_ID},
-                                  check=check_lrprobe(random_init=False, jobs=1, experiment="collapse"))
-       for change in ("reinit_top_layers=4", "pooling=mean finetune_optim.layerwise_lr_decay=1.0",
-                      "pooling=mean finetune_optim.bias_correction=true finetune_optim.loss_reduction=mean")},
+    # docs/presets.md: the presets one run at a time
     "OMP_NUM_THREADS=1 python -m electra_ablate.pretrain experiment=cpu_regime objective=bert":
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), check=check_pretrained),
+    "python -m electra_ablate.pretrain experiment=cpu_regime_30k debug=smoke trainer.max_steps=2 data.max_docs=200":
+        Smoke(PRETRAIN_2_STEPS, check=check_pretrained),
     "python -m electra_ablate.finetune -m recipe=cpu_regime pretrained=<run id> task=sst2 seed=0,1,2,3,4":
         Smoke(("seed=0", *FINETUNE_SMALL), replace={"<run id>": RUN_ID}, check=check_finetuned(("sst2", 0))),
     # docs/dashboard.md
@@ -589,8 +468,6 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("needs headless Chromium (apt-get install chromium) and the store of a finished quick sweep"),
     # docs/reliability.md
     "python -m electra_ablate.export": Skip("names the entry point without arguments; README's export command runs it"),
-    "python -m electra_ablate.bench.states": Skip("names the command without arguments; docs/cpu_scale.md's full "
-                                                  "command runs it"),
     "mlflow db upgrade sqlite:///...": Skip("recovery advice for a broken store, its path left out"),
     "for k in 0 1 2 3 4 5 6 7; do python worker.py sqlite:///$D/mlflow.db e 12 w$k & done; wait":
         Skip("a measurement recipe: worker.py is WRITER in tests/test_reliability.py, which runs it"),
@@ -617,7 +494,16 @@ SKIP_PATTERNS = [
 ]
 
 
+def notebook_spec(cmd: DocCommand) -> Skip:
+    """A command of the lab notebook: skipped with the notebook's reason, its placeholders filled for composing."""
+    replace = {p: "/nonexistent/pretrained/final" for p in re.findall(r"<[^<>]+>", cmd.text)}
+    replace |= {k: v for k, v in NOTEBOOK_PLACEHOLDERS.items() if k in cmd.text}
+    return Skip(NOTEBOOK_SKIP, replace)
+
+
 def spec_of(cmd: DocCommand) -> Smoke | Skip | None:
+    if in_notebook(cmd):
+        return notebook_spec(cmd)
     if cmd.text in COMMANDS:
         return COMMANDS[cmd.text]
     for pattern, reason in SKIP_PATTERNS:

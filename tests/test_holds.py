@@ -1,6 +1,6 @@
-"""The "What holds at CPU scale" tables (README.md's short one, docs/cpu_scale.md's full one): made from the
-CPU-scale reports' verdict records, current with the committed ones, a claim on shared runs listed once, a sweep
-not run yet listed with its command, the sanity checks folded into one README row."""
+"""The "What holds at CPU scale" tables (docs/findings.md's short and full ones) and README.md's headline: made from
+the CPU-scale reports' verdict records, current with the committed ones, a claim on shared runs listed once, a sweep
+not run yet listed with its command, the sanity checks folded into one row of the short table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from electra_ablate.report import build, holds, holds_tables
+from electra_ablate.report import build, headline, holds, holds_tables
 from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.verdicts import Claim, Verdict
 from electra_ablate.sweep.compose import make_context
@@ -49,7 +49,7 @@ def test_the_tables_are_current_with_the_committed_reports():
     assert holds.main(["--check"]) == 0
 
 
-def test_the_readme_row_says_claim_verdict_difference_and_report_and_folds_the_sanity_checks(tmp_path):
+def test_the_short_row_says_claim_verdict_difference_and_report_and_folds_the_sanity_checks(tmp_path):
     verdicts = cpu_regime_verdicts()
     electra_floor = Verdict(Claim("Pre-training beats no pre-training (sanity check): electra > none", "floor",
                                   ("electra",), ("none",)), difference(-4.85, -7.69, -2.24), ("sst2",),
@@ -116,14 +116,18 @@ def test_a_bad_record_names_the_file_and_the_command_that_remakes_it(tmp_path):
         holds.load_records(tmp_path)
 
 
-def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp_path, data_dir, monkeypatch, capsys):
-    """Into the repository's reports/ (here a stand-in), the README follows; into any other folder it does not."""
+def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_findings(tmp_path, data_dir, monkeypatch, capsys):
+    """Into the repository's reports/ (here a stand-in), docs/findings.md and README.md follow; into any other
+    folder they do not."""
     repo = tmp_path / "repo"
     (repo / "reports").mkdir(parents=True)
-    readme, detail = repo / "README.md", repo / holds.DETAIL_DOC
-    readme.write_text(f"# x\n{holds.START}\n{holds.END}\n")
-    detail.parent.mkdir()
-    detail.write_text(f"# y\n{holds.DETAIL_START}\n{holds.DETAIL_END}\n")
+    readme, findings = repo / "README.md", repo / holds.DETAIL_DOC
+    readme_text = f"# x\n{holds.QUICK_START}\n{holds.QUICK_END}\n{headline.SUMMARY_START}\n{headline.SUMMARY_END}\n"
+    readme.write_text(readme_text)
+    findings.parent.mkdir()
+    findings_text = (f"# y\n{holds.START}\n{holds.END}\n{headline.START}\n{headline.END}\n"
+                     f"{holds.DETAIL_START}\n{holds.DETAIL_END}\n")
+    findings.write_text(findings_text)
     monkeypatch.setattr(build, "REPO_ROOT", repo)
     paths = {"root_dir": str(tmp_path), "data_dir": str(data_dir), "output_root": str(tmp_path / "outputs"),
              "cache_dir": str(tmp_path / "cache")}
@@ -137,17 +141,32 @@ def test_writing_a_cpu_scale_report_into_the_repository_refreshes_the_readme(tmp
     assert "  not run     Tying all weights beats no tying: needs fine-tuning runs of all, none" in out
     assert out[-1] == f"report: {tmp_path / 'elsewhere' / 'weight_sharing_cpu.md'}"
     assert (tmp_path / "elsewhere" / "weight_sharing_cpu" / holds.RECORD).is_file()
-    assert readme.read_text() == f"# x\n{holds.START}\n{holds.END}\n"
+    assert readme.read_text() == readme_text and findings.read_text() == findings_text
 
     build.write_report(ctx, client, repo / "reports")
     record = json.loads((repo / "reports" / "weight_sharing_cpu" / holds.RECORD).read_text())
     assert record["report"] == "weight_sharing_cpu.md" and {c["verdict"] for c in record["claims"]} == {"not run"}
-    # Every preset's column is there from the start: the others' reports are not committed yet.
+    # Every preset's column is there from the start: the others' reports are not committed yet. The page is under
+    # docs/, so its links to reports/ go up a folder.
+    text = findings.read_text()
     assert ("| Tying all weights beats no tying | not run | – | not run yet | – |  | "
-            "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md) |" in readme.read_text())
-    text = detail.read_text()
+            "[weight_sharing_cpu.md](../reports/weight_sharing_cpu.md) |" in text)
     assert "| Tying all weights beats no tying | Section 3.2: 84.4 vs 83.6 (+0.8) | not run |" in text
-    assert "[weight_sharing_cpu.md](reports/weight_sharing_cpu.md)" in text
+    assert "](reports/" not in text
+    # No main-job or long-run report yet: README's blocks say so, and the headline links the findings page.
+    assert "The main job's report is not committed yet" in readme.read_text()
+    assert "The long run's report is not committed yet." in readme.read_text()
+    assert f"[{headline.FINDINGS}]({headline.FINDINGS})" in readme.read_text()
+
+
+def test_the_readme_headline_is_the_long_run_in_one_paragraph():
+    record = json.loads((REPO_ROOT / "reports" / "cpu_long" / holds.RECORD).read_text())
+    lines = headline.summary(record)
+    assert len(lines) <= 6, lines
+    text = " ".join(lines)
+    claim = record["claims"][0]
+    assert f"{claim['claim']}: **{claim['verdict']}**, {claim['estimate']:+.1f}" in text
+    assert text.endswith(f"[{headline.FINDINGS}]({headline.FINDINGS}).")
 
 
 def test_a_report_with_jobs_missing_is_marked_incomplete(tmp_path):
@@ -214,7 +233,7 @@ def test_each_claim_shows_its_verdict_under_every_preset_side_by_side(tmp_path):
     # The 30k sweeps not committed yet are listed with their commands, beside the first preset's.
     assert any("sweep=table5_efficiency scale=cpu_30k hydra/launcher=joblib" in line for line in lines)
     assert holds.is_cpu_scale(load_sweep("weight_sharing", "cpu_30k")) and holds.is_cpu_scale(load_sweep("cpu_long"))
-    # The README's short table: each ablation preset's verdict and difference side by side, the long run's in one
+    # The short table: each ablation preset's verdict and difference side by side, the long run's in one
     # column, empty for the claims it does not test.
     short = holds.summary_table(*holds.preset_records(tmp_path))
     assert short[0] == ("| claim | `cpu_regime` (SST-2) | Δ [95% interval] | `cpu_regime_30k` (SST-2) | Δ [95% interval] "
@@ -237,7 +256,7 @@ def test_each_claim_shows_its_verdict_under_every_preset_side_by_side(tmp_path):
                            "1 (bert) | +2.8 to +2.8 | not run yet | – | not run yet |"), sane
 
 
-def test_the_long_run_fills_its_one_readme_column_once_its_report_is_committed(tmp_path):
+def test_the_long_run_fills_its_one_short_column_once_its_report_is_committed(tmp_path):
     vs, _ = cpu_regime_verdicts()
     glue5 = Verdict(TABLE1, difference(2.04, -0.51, 4.47), GLUE5, {"electra": 1, "bert": 1}, 5.0, True,
                     "unresolved at this scale", "–", runs={"electra": 5, "bert": 5})

@@ -6,7 +6,7 @@ stepped as Lightning steps it. The reference: `ElectraForPreTraining` + `Electra
 SDPA attention, dropout 0.1, MLM logits at every position, Gumbel-max sampling over all positions (the reference
 implementation's `sample_from_softmax`), the same Adam update as ours (optim.bias_correction: torch's AdamW by
 default, the reference's without bias correction when false), parameter groups, schedule and clipping. The reference
-is the paper's ELECTRA only (`reference_problems` says what else it cannot be); bench/curve.py trains both side by
+is the paper's ELECTRA only (`reference_problems` says what else it cannot be); probes/curve.py trains both side by
 side."""
 
 from __future__ import annotations

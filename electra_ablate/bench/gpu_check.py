@@ -9,7 +9,7 @@ report standing (the report is rewritten after every part):
 2. `capture`: the eager step against the captured one (`runtime.compile=step`) at ELECTRA-Small, with compile time,
    peak memory and the gap between the two loss curves (the bench's `capture` section).
 3. `loop`: the Lightning loop against the step alone, eager and captured (the bench's `loop` section).
-4. `pilot`: a 2-minute ELECTRA-Small pilot on the Wikipedia sample (`python -m electra_ablate.bench.pilot`), its
+4. `pilot`: a 2-minute ELECTRA-Small pilot on the Wikipedia sample (`python -m electra_ablate.probes.pilot`), its
    steps sized from part 1's step time.
 5. `sweep`: the quick sweep with one fine-tuning seed, at smoke size, end to end (pre-training, fine-tuning,
    report) through the `joblib_gpu` launcher and MLflow, the product's main surface.
@@ -53,7 +53,7 @@ def bench_args(p: Plan, sections: str, out: Path, models: str, reps: int) -> lis
 def pilot_args(p: Plan, steps: int) -> list[str]:
     shape = ([*TINY, "data.batch_size=8", "data.max_seq_length=64", "data.max_docs=400", "logger.log_every_n_steps=1",
               "trainer.checkpoint_every_n_steps=1000"] if p.smoke else ["logger.log_every_n_steps=50"])
-    return [sys.executable, "-m", "electra_ablate.bench.pilot", "gpu-small", "experiment=small", "data=wiki_sample",
+    return [sys.executable, "-m", "electra_ablate.probes.pilot", "gpu-small", "experiment=small", "data=wiki_sample",
             f"trainer.max_steps={steps}", f"optim.warmup_steps={max(1, steps // 10)}", f"paths.data_dir={p.data_dir}",
             f"paths.cache_dir={p.work / 'cache'}", f"paths.root_dir={p.work}",
             f"trainer.accelerator={'gpu' if p.device.type == 'cuda' else 'cpu'}", "trainer.enable_progress_bar=false",

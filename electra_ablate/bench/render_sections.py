@@ -364,7 +364,7 @@ def loop(rep: Report) -> list[str]:
     L = [
         "## The training loop against the step alone",
         "",
-        f"The same config trained by Lightning as pre-training trains it (`bench/pilot.py`: the Trainer, checkpoints "
+        f"The same config trained by Lightning as pre-training trains it (`bench/loop.py`: the Trainer, checkpoints "
         f"every {r0['checkpoint_every']} steps, the data loader with {r0['workers']} workers and pinned memory on a "
         f"GPU, metric windows of {r0['window']} steps), tokens/s the median of the windows after the first, against "
         "the isolated step on batches already on the device. The loop should keep 90% or more of the step.",

@@ -6,9 +6,9 @@ what Lightning's loop costs per step on top of the step alone (`loop`).
 batches, interleaved; with the compile time, the peak GPU memory and how far apart the two loss curves are (the
 random numbers differ: inductor draws its own, so the gap is sampling noise plus rounding, not zero).
 
-`loop`: the same config trained by Lightning exactly as pre-training trains it (bench/pilot.py: the Trainer, its
-checkpoint cadence, the data loader with the runtime's workers and pinned memory, the metric windows), its
-tokens/s read off the windows after the first (which holds start-up and compiling), against the isolated step's.
+`loop`: the same config trained by Lightning exactly as pre-training trains it (bench/loop.py, the pilot's loop: the
+Trainer, its checkpoint cadence, the data loader with the runtime's workers and pinned memory, the metric windows),
+its tokens/s read off the windows after the first (which holds start-up and compiling), against the isolated step's.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from electra_ablate.bench import pilot
+from electra_ablate.bench import loop
 from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, load_data, tokens
 from electra_ablate.bench.measure import interleaved, median, sync
 from electra_ablate.bench.settings import CONF_DIR, Report, Settings, log
@@ -105,7 +105,7 @@ def section_loop(s: Settings, rep: Report, model: str) -> None:
         del runner, data
         # The loop: Lightning, the data loader and the checkpoint cadence, as pre-training runs them.
         with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
-            rows = pilot.run(f"loop-{label}", cfg, Path(tmp) / "loop.csv")
+            rows = loop.run(f"loop-{label}", cfg, Path(tmp) / "loop.csv")
         steady = [r["tokens_per_s"] for r in rows[1:]]
         loop_tps = statistics.median(steady) if steady else float("nan")
         rep.loop.append({"model": model, "variant": label, "step_s": step_s, "step_tokens_per_s": step_tps,

@@ -2,8 +2,10 @@
 
 `reports/cpu_long/verdicts.json` (report/holds_record.py) holds the main table's medians and every verdict with its
 per-task verdicts and its difference without each task (report/carries.py). This module turns them into a few lines
-that report/holds.py writes between the `long-run` markers of both files, so no number of the long run is typed by
-hand: re-rendering the report and running `python -m electra_ablate.report.holds` rewrites them.
+that report/holds.py writes between the `long-run` markers of docs/findings.md (`lines`, the long run in full) and
+between the `headline` markers of README.md (`summary`, one paragraph that links the findings page), so no number of
+the long run is typed by hand: re-rendering the report and running `python -m electra_ablate.report.holds` rewrites
+them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ END = "<!-- /long-run -->"
 
 
 REPORT = "reports/cpu_long.md"
+
+
+SUMMARY_START = ("<!-- headline: written by `python -m electra_ablate.report.holds` from reports/cpu_long; "
+                 "do not edit by hand -->")
+
+
+SUMMARY_END = "<!-- /headline -->"
+
+
+FINDINGS = "docs/findings.md"
 
 
 WIDTH = 120  # the docs' line width
@@ -68,3 +80,23 @@ def lines(record: Mapping | None, link: str = REPORT) -> list[str]:
     return [w for line in out for w in (textwrap.wrap(line, WIDTH, subsequent_indent="  " if line.startswith("- ") else "",
                                                       break_on_hyphens=False) or [""])]
 
+
+
+def summary(record: Mapping | None, findings: str = FINDINGS, link: str = REPORT) -> list[str]:
+    """README's headline: the long run's GLUE medians and its first claim's verdict, then the findings page."""
+    more = f"Every verdict at CPU scale, what is open and what would settle it: [{findings}]({findings})."
+    if not record or not record.get("claims"):
+        return textwrap.wrap(f"The long run's report is not committed yet. {more}", WIDTH, break_on_hyphens=False)
+    medians: Mapping[str, Mapping[str, float]] = record.get("medians") or {}
+    tasks: Sequence[str] = record.get("tasks") or []
+    arms = ", ".join(f"{v} {m['glue']:.1f}" for v, m in sorted(medians.items(), key=lambda kv: -kv[1].get("glue", 0))
+                     if "glue" in m)
+    c = record["claims"][0]
+    tokens = max((a["pretraining"]["tokens"] for a in c.get("arms") or [] if a.get("pretraining")), default=0)
+    seeds = min((c.get("groups") or {}).values(), default=0)
+    verdict = (f"{c['claim']}: **{c['verdict']}**, {_difference(c)}{_carried(c)}" if c.get("estimate") is not None
+               else f"{c['claim']}: {c['verdict']}")
+    per_arm = f"{'one' if seeds == 1 else seeds} pre-training seed{'s' if seeds != 1 else ''} per arm"
+    text = (f"The long run ([{link}]({link}): {tokens / 1e6:.0f}M pre-training tokens for the longest arm, {per_arm}) "
+            f"scores GLUE-{len(tasks)} medians {arms}. {verdict}. {more}")
+    return textwrap.wrap(text, WIDTH, break_on_hyphens=False)

@@ -1,21 +1,22 @@
 """The "What holds at CPU scale" tables: every claim the CPU-scale reports test, one row each.
 
-Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module
-joins those of the CPU-scale sweeps (`CPU_SCALE`) into two markdown tables between markers: a short one in
-README.md (claim, verdict, difference, report; the sanity checks against random init folded into one row) and
-the full one in docs/cpu_scale.md (the paper's numbers, each arm's pre-training, seeds). Both show each claim's
-verdict under each named CPU preset side by side (`PRESETS`: `cpu_regime`, a 2k vocabulary and 64-token
-sequences; `cpu_regime_30k`, BERT's 30k vocabulary and 128-token sequences; `cpu_long`, the 30k preset's encoder
-pre-trained for 250M tokens), so that a reader sees which verdicts depend on the vocabulary and which on the length
-of pre-training; a preset whose reports are not committed yet says 'not run yet' for its claims, and the long run,
-which tests few claims, takes one README column, empty for the claims it does not test. Claims on the same arms
-(the long run's Table 1 claim, ELECTRA-Small beats BERT-Small, and Table 5's ELECTRA beats BERT) stand next to each
-other. Every verdict names
-its instrument, the tasks its GLUE mean averages over: each preset's README column in its header ('`cpu_regime`
-(SST-2)', the task set most of its reports use), a cell measured on other tasks in the cell, each cell of the full
-table in its difference ('... on GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE'), with each task's verdict beside the GLUE
-one where a report recorded them; a record written before instruments were recorded is read for its claims' tasks.
-The report generator refreshes both whenever it writes one of those reports into the repository's `reports/`;
+Each report writes its verdicts beside its figures (`reports/<stem>/verdicts.json`: `record`), and this module joins
+those of the CPU-scale sweeps (`CPU_SCALE`) into two markdown tables between markers of docs/findings.md, the
+project's one results page: a short one (claim, verdict, difference, report; the sanity checks against random init
+folded into one row) and the full one (the paper's numbers, each arm's pre-training, seeds). README.md gets only the
+main job's table (`quick_outcome`) and the long run's headline, a paragraph that links that page
+(report/headline.py). Both tables show each claim's verdict under each named CPU preset side by side (`PRESETS`:
+`cpu_regime`, a 2k vocabulary and 64-token sequences; `cpu_regime_30k`, BERT's 30k vocabulary and 128-token
+sequences; `cpu_long`, the 30k preset's encoder pre-trained for 250M tokens), so that a reader sees which verdicts
+depend on the vocabulary and which on the length of pre-training; a preset whose reports are not committed yet says
+'not run yet' for its claims, and the long run, which tests few claims, takes one column of the short table, empty
+for the claims it does not test. Claims on the same arms (the long run's Table 1 claim, ELECTRA-Small beats
+BERT-Small, and Table 5's ELECTRA beats BERT) stand next to each other. Every verdict names its instrument, the
+tasks its GLUE mean averages over: each preset's column of the short table in its header ('`cpu_regime` (SST-2)',
+the task set most of its reports use), a cell measured on other tasks in the cell, each cell of the full table in
+its difference ('... on GLUE-5: CoLA, SST-2, MRPC, STS-B, RTE'), with each task's verdict beside the GLUE one where
+a report recorded them; a record written before instruments were recorded is read for its claims' tasks.
+The report generator refreshes them whenever it writes one of those reports into the repository's `reports/`;
 `python -m electra_ablate.report.holds` rewrites them from the committed files, and `--check` only says whether
 they are current (tests/test_holds.py runs that check). A CPU-scale sweep whose report is not committed yet
 still lists its claims, as not run, with the command that runs them. The records and presets are
@@ -39,9 +40,6 @@ from electra_ablate.report.holds_record import (  # noqa: F401
 from electra_ablate.report.holds_tables import summary_table, table
 from electra_ablate.sweep.spec import REPO_ROOT
 
-FINDINGS_DOC = "docs/findings.md"
-
-
 START = "<!-- what-holds-at-cpu-scale: written by `python -m electra_ablate.report.holds`; do not edit by hand -->"
 
 
@@ -64,22 +62,53 @@ def replace_section(text: str, lines: Sequence[str], where: str = "README.md", s
     return head + start + "\n" + "\n".join(lines) + "\n" + end + tail
 
 
+QUICK_START = ("<!-- quick: written by `python -m electra_ablate.report.holds` from reports/quick.md; "
+               "do not edit by hand -->")
+
+
+QUICK_END = "<!-- /quick -->"
+
+
+QUICK_REPORT = "reports/quick.md"
+
+
+def quick_outcome(report: Path) -> list[str]:
+    """The main job's table as its console prints it (README's Quick start), read from its committed report: the
+    first table under "GLUE dev", cells aligned, emphasis dropped."""
+    text = report.read_text() if report.exists() else ""
+    _, _, after = text.partition("\n## GLUE dev")
+    rows = [[c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+            for line in after.split("\n## ")[0].splitlines() if line.startswith("| ")]
+    if not rows:
+        return [f"The main job's report is not committed yet ({QUICK_REPORT} once rendered)."]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return ["```text", *table, f"report: {QUICK_REPORT}", "```"]
+
+
+def _from_docs(lines: Sequence[str]) -> list[str]:
+    """The tables' links to reports/ as a page under docs/ must write them."""
+    return [line.replace("](reports/", "](../reports/") for line in lines]
+
+
 def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
-    """README.md and the detail document under `root`: path -> (text now, text with the tables of `report_dir`)."""
+    """README.md and docs/findings.md under `root`: path -> (text now, text with the tables of `report_dir`)."""
     presets = preset_records(report_dir)
-    readme, detail, findings = root / "README.md", root / DETAIL_DOC, root / FINDINGS_DOC
-    out = {}
-    for path, lines, start, end in ((readme, summary_table(*presets), START, END),
-                                    (detail, table(*presets), DETAIL_START, DETAIL_END)):
-        text = path.read_text()
-        out[path] = (text, replace_section(text, lines, str(path), start, end))
     long_run = _long_run_record(report_dir)
-    for path in (readme, findings):  # the long run's headline, where a file has its markers
-        text = out[path][1] if path in out else path.read_text() if path.exists() else ""
-        if headline.START in text:
-            link = headline.REPORT if path == readme else f"../{headline.REPORT}"
-            new = replace_section(text, headline.lines(long_run, link), str(path), headline.START, headline.END)
-            out[path] = (out[path][0] if path in out else text, new)
+    readme, findings = root / "README.md", root / DETAIL_DOC
+    sections = {
+        findings: ((_from_docs(summary_table(*presets)), START, END),
+                   (_from_docs(table(*presets)), DETAIL_START, DETAIL_END),
+                   (headline.lines(long_run, f"../{headline.REPORT}"), headline.START, headline.END)),
+        readme: ((quick_outcome(report_dir / "quick.md"), QUICK_START, QUICK_END),
+                 (headline.summary(long_run), headline.SUMMARY_START, headline.SUMMARY_END)),
+    }
+    out = {}
+    for path, parts in sections.items():
+        text = new = path.read_text()
+        for lines, start, end in parts:
+            new = replace_section(new, lines, str(path), start, end)
+        out[path] = (text, new)
     return out
 
 
@@ -89,7 +118,7 @@ def _long_run_record(report_dir: Path) -> dict | None:
 
 
 def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bool:
-    """Rewrite both tables from the reports in `report_dir`; True when either changed."""
+    """Rewrite the tables and headlines from the reports in `report_dir`; True when any changed."""
     changed = False
     for path, (text, new) in rewritten(root, report_dir).items():
         if new != text:
@@ -101,9 +130,10 @@ def sync(root: Path = REPO_ROOT, report_dir: Path = REPO_ROOT / "reports") -> bo
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m electra_ablate.report.holds", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help=f"only say whether the tables of README.md and {DETAIL_DOC} are current (exit 1 if not)")
+                        help=f"only say whether the tables of {DETAIL_DOC} and README.md's headline are current "
+                        "(exit 1 if not)")
     args = parser.parse_args(argv)
-    where = f"README.md and {DETAIL_DOC}"
+    where = f"{DETAIL_DOC} and README.md"
     try:
         if args.check:
             is_current = all(t == n for t, n in rewritten(REPO_ROOT, REPO_ROOT / "reports").values())

@@ -61,7 +61,10 @@ PRESETS = (Preset("cpu_regime", "2k vocabulary, sequence 64", CPU_SCALE),
            Preset("cpu_long", "250M tokens, 30k vocabulary", CPU_LONG, focused=True))
 
 
-DETAIL_DOC = "docs/cpu_scale.md"
+DETAIL_DOC = "docs/findings.md"  # the results page: both tables, and the long run's headline
+
+
+PRESETS_DOC = "docs/presets.md"  # what each preset is and what its sweeps cost
 
 
 SANITY = "Pre-training beats no pre-training"

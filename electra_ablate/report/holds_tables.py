@@ -1,7 +1,8 @@
 """The two "What holds at CPU scale" tables (report/holds.py) from each preset's records (report/holds_record.py):
-the full one of docs/cpu_scale.md (`table`: the paper's numbers, every verdict with its interval and instrument,
-each arm's pre-training, seeds) and the README's short one (`summary_table`: verdict and difference per preset, the
-sanity checks against random init folded into one row), each claim under every preset side by side."""
+the full one (`table`: the paper's numbers, every verdict with its interval and instrument, each arm's
+pre-training, seeds) and the short one (`summary_table`: verdict and difference per preset, the
+sanity checks against random init folded into one row), each claim under every preset side by side; both are
+docs/findings.md's."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 from electra_ablate.report import carries
 from electra_ablate.report import verdicts as vd
-from electra_ablate.report.holds_record import (DETAIL_DOC, NOT_COMMITTED, NOT_RUN, PRESETS, SANITY, Preset, _by_arms,
-                                                _command, _instrument, _per_task_verdicts, _sweep_label, preset_tasks,
-                                                record_tasks)
+from electra_ablate.report.holds_record import (NOT_COMMITTED, NOT_RUN, PRESETS, PRESETS_DOC, SANITY, Preset,
+                                                _by_arms, _command, _instrument, _per_task_verdicts, _sweep_label,
+                                                preset_tasks, record_tasks)
 from electra_ablate.report.tables import table as markdown_table
 
 def _tokens(n: float) -> str:
@@ -99,8 +100,8 @@ def _notes(pending: Sequence[str], incomplete: Sequence[str]) -> list[str]:
     if incomplete:
         out += ["", "Incomplete reports (their verdicts use the runs and tasks that finished):", "", *incomplete]
     if pending:
-        out += ["", f"Not run yet (each resumes where it stopped; what each preset's sweeps cost is in {DETAIL_DOC}'s "
-                "section on that preset):", "", *pending]
+        out += ["", f"Not run yet (each resumes where it stopped; what each preset's sweeps cost is in "
+                f"[{PRESETS_DOC}](../{PRESETS_DOC})):", "", *pending]
     return out
 
 
@@ -280,9 +281,9 @@ def summary_table(*presets: Sequence[Mapping]) -> list[str]:
 
 
 def _pending_note(records: Sequence[Mapping]) -> list[str]:
-    """The README's one line under its table on the sweeps not run yet (their commands are in the full table)."""
+    """The one line under the short table on the sweeps not run yet (their commands are under the full table)."""
     pending = [_sweep_label(r) for r in records if not r.get("report")]
     if not pending:
         return []
-    return ["", f"Not run yet: {', '.join(pending)}; each sweep's command is under the full table in "
-                f"[{DETAIL_DOC}]({DETAIL_DOC}#every-verdict-at-cpu-scale)."]
+    return ["", f"Not run yet: {', '.join(pending)}; each sweep's command is under the full table "
+                "([every verdict at CPU scale](#every-verdict-at-cpu-scale))."]

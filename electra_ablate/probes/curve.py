@@ -1,7 +1,7 @@
 """An independent ELECTRA trained beside ours on the same batches, masks and steps, so a training curve that stalls
 can be told apart: the regime (both stall) or a defect of this implementation (only ours does).
 
-`python -m electra_ablate.bench.curve <pre-training overrides> [--steps N] [--log-every K] [--out CSV]` composes
+`python -m electra_ablate.probes.curve <pre-training overrides> [--steps N] [--log-every K] [--out CSV]` composes
 conf/pretrain.yaml from the overrides as `python -m electra_ablate.pretrain` does, seeds and builds the data and
 our networks in the same order (so ours starts from the weights that pre-training run starts from and sees its
 batches in its order), and builds the reference of the speed benchmark (bench/builds.py): transformers'
@@ -296,8 +296,8 @@ def run(cfg: DictConfig, steps: int, log_every: int, out: Path, device: torch.de
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m electra_ablate.bench.curve", description=__doc__.split("\n\n")[0],
-        epilog="example:\n  python -m electra_ablate.bench.curve model=tiny data=wiki data.max_docs=40000 "
+        prog="python -m electra_ablate.probes.curve", description=__doc__.split("\n\n")[0],
+        epilog="example:\n  python -m electra_ablate.probes.curve model=tiny data=wiki data.max_docs=40000 "
         "data.train_vocab_size=2000 \\\n    data.max_seq_length=64 data.batch_size=128 optim.lr=1e-3 "
         "optim.warmup_steps=60 trainer.max_steps=750 runtime.num_workers=0",
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -16,7 +16,7 @@ rank near its width. Encoders are loaded as fine-tuning loads them (training/fin
 fine-tuning config: `--override reinit_top_layers=1` measures what such a run starts from), and nothing is written
 to the run store.
 
-`python -m electra_ablate.bench.states NAME=<pretrained dir | run id | hf:...> ... [--random-init-of NAME]`
+`python -m electra_ablate.probes.states NAME=<pretrained dir | run id | hf:...> ... [--random-init-of NAME]`
 """
 
 from __future__ import annotations
@@ -216,9 +216,9 @@ def markdown(rows: Sequence[dict]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m electra_ablate.bench.states", description=__doc__.split("\n\n")[0],
-        epilog="example:\n  python -m electra_ablate.bench.states electra=<run id> bert=<run id> --random-init-of electra "
-        "\\\n    --examples 512 --override glue_data.max_seq_length=64",
+        prog="python -m electra_ablate.probes.states", description=__doc__.split("\n\n")[0],
+        epilog="example:\n  python -m electra_ablate.probes.states electra=<run id> bert=<run id> "
+        "--random-init-of electra \\\n    --examples 512 --override glue_data.max_seq_length=64",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("encoders", nargs="+", help="NAME=<pretrained dir | MLflow pre-training run id | hf:...>")
     p.add_argument("--random-init-of", default=None,

@@ -1,4 +1,4 @@
-"""The hidden-state geometry command (bench/states.py): its measures against cases whose answer is known (a collapsed
+"""The hidden-state geometry command (probes/states.py): its measures against cases whose answer is known (a collapsed
 encoder has rank 1 and cosines 1, an orthonormal set rank n and cosine 0), random init drawn as fine-tuning draws
 it, and bad input refused in one line before any encoder is loaded."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from electra_ablate.bench import states
+from electra_ablate.probes import states
 from electra_ablate.bench.settings import BenchError
 from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig

@@ -1,4 +1,4 @@
-"""The pre-training pilot (bench/pilot.py): its curve is pre-training's own, and a cache entry built with other
+"""The pre-training pilot (probes/pilot.py): its curve is pre-training's own, and a cache entry built with other
 settings is refused before any network exists."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
-from electra_ablate.bench import pilot
+from electra_ablate.probes import pilot
 from electra_ablate.bench.settings import BenchError
 from electra_ablate.data.module import PretrainDataModule
 from electra_ablate.training import build

@@ -1,4 +1,4 @@
-"""The side-by-side curve (electra_ablate/bench/curve.py): ours and the transformers reference trained a few steps on
+"""The side-by-side curve (electra_ablate/probes/curve.py): ours and the transformers reference trained a few steps on
 the tiny hermetic corpus log every metric at the expected steps, finite, into one CSV; row 0, with our weights
 copied into the reference and the same batch and mask, gives the same generator MLM loss in both, and would not if
 the reference kept its own weights; a layout transformers cannot express is refused by its key before any data is
@@ -14,7 +14,8 @@ import torch
 
 pytest.importorskip("transformers", reason="the curve's reference is built from transformers")
 
-from electra_ablate.bench import builds, curve  # noqa: E402
+from electra_ablate.bench import builds  # noqa: E402
+from electra_ablate.probes import curve  # noqa: E402
 from electra_ablate.bench.settings import BenchError  # noqa: E402
 from electra_ablate.training import build  # noqa: E402
 
