@@ -26,15 +26,6 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 WRITTEN = {
     "reports/benchmarks_gpu.md": "the GPU check writes it on a machine with a GPU (docs/gpu.md)",
 }
-# Stale names in files another change owns (the sweep files' descriptions, which the reports quote, and the
-# fine-tuning recipes): (file, name) -> what it should name. Remove an entry once its file is fixed.
-KNOWN_STALE = {
-    **{(f"sweeps/{name}.yaml", "docs/cpu_scale.md"): "docs/presets.md" for name in (
-        "cpu_regime", "cpu_regime_30k", "cpu_evidence", "table5_efficiency", "weight_sharing", "generator_size",
-        "training_algorithms")},
-    **{(f"conf/recipe/{name}.yaml", "docs/cpu_scale.md"): "docs/presets.md" for name in ("cpu_regime", "cpu_glue")},
-}
-
 
 def sources() -> list[Path]:
     docs = [p for p in sorted((REPO / "docs").rglob("*.md")) if NOTEBOOK not in p.parents]
@@ -104,7 +95,7 @@ def exists(path: Path, kind: str, name: str) -> bool:
 def test_every_named_module_and_path_exists(path: Path):
     where = path.relative_to(REPO).as_posix()
     missing = sorted({f"{kind} {name}" for kind, name in named(path)
-                      if not exists(path, kind, name) and (where, name) not in KNOWN_STALE})
+                      if not exists(path, kind, name)})
     assert not missing, f"{where} names what the checkout does not hold: {missing}"
 
 
@@ -113,12 +104,6 @@ def test_every_named_module_and_path_exists(path: Path):
 def test_every_link_to_a_section_finds_its_heading(path: Path):
     broken = broken_anchors(path)
     assert not broken, f"{path.relative_to(REPO).as_posix()} links sections that are not there: {broken}"
-
-
-def test_the_known_stale_names_are_still_there():
-    """An entry of KNOWN_STALE whose file no longer names the stale path is done: remove it."""
-    fixed = sorted(f"{where}: {name}" for where, name in KNOWN_STALE if name not in (REPO / where).read_text())
-    assert not fixed, f"fixed: remove from KNOWN_STALE: {fixed}"
 
 
 def test_the_check_finds_modules_files_and_links(tmp_path):

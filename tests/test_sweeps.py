@@ -771,7 +771,7 @@ def test_the_30k_preset_sweep_compares_at_equal_compute_on_every_local_glue_task
     ctx.write_finetune_config(ckpt)
     ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
     assert (ft.preset, ft.pooling, ft.dropout.hidden, ft.glue_data.max_seq_length) == ("cpu_glue", "mean", 0.0, 128)
-    # The recipe's own settings per task (docs/cpu_scale.md, "The instrument"): SST-2 cut to 8,000 labels.
+    # The recipe's own settings per task (docs/presets.md, "`recipe=cpu_glue`"): SST-2 cut to 8,000 labels.
     from electra_ablate.training import finetuning
     (task, task_cfg), = finetuning.selected_tasks(ft)
     assert finetuning.for_task(ft, task.name, task_cfg)[0].glue_data.max_train_examples == 8000

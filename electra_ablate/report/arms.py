@@ -157,10 +157,10 @@ def end_of_pretraining(run) -> dict[str, float | None]:
                   "disc_recall": m.get("train/disc_recall"), "replaced_fraction": m.get("train/replaced_fraction")}
 
 
-COLLAPSE_DOC = "docs/cpu_scale.md"
+COLLAPSE_DOC = "docs/notebook/2026-11-27-electra-collapse.md"
 COLLAPSE_SECTION = "Why ELECTRA checkpoints fine-tune to one class"
 # Below this discriminator AUC at the end of pre-training, the replaced-token signal has barely formed: at CPU
-# scale ELECTRA's discriminator stays near 0.5 for its first millions of tokens (docs/cpu_scale.md).
+# scale ELECTRA's discriminator stays near 0.5 for its first millions of tokens (docs/notebook/2026-11-27-electra-collapse.md).
 FORMED_AUC = 0.6
 
 

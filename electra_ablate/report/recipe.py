@@ -183,7 +183,7 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
     out += _per_task_lines(runs, tasks)
     if deviations:
         out += ["Declared deviations from the paper's fine-tuning recipe (the sweep file sets them for this scale; "
-                "docs/cpu_scale.md says why): " + "; ".join(deviations) + ".", ""]
+                "docs/presets.md says why): " + "; ".join(deviations) + ".", ""]
     else:
         out += ["These runs follow the paper's fine-tuning recipe.", ""]
     return out
@@ -191,7 +191,7 @@ def recipe_lines(scores: pd.DataFrame, frame: pd.DataFrame) -> list[str]:
 
 # Pre-training: the encoder layout the runs were pre-trained with, beside the paper's (conf/model/small.yaml
 # holds the paper's block: post-LayerNorm, dropout 0.1, linear biases; paper Table 6 and the reference's
-# modeling.py). Options beyond it are the pilots' levers for small budgets (docs/cpu_scale.md).
+# modeling.py). Options beyond it are the pilots' levers for small budgets (docs/presets.md).
 PRETRAIN_SETTINGS = (
     Setting("LayerNorm placement (post = BERT's and ELECTRA's block)", "model.layer_norm"),
     Setting("hidden dropout", "model.hidden_dropout_prob"),

@@ -29,7 +29,7 @@ TOP_KEYS = {
     "description": "one line for the report's title",
     "notes": "a paragraph the report opens with: what the sweep can and cannot show",
     "script": "the first entry point (electra_ablate.pretrain, or electra_ablate.finetune when every variant names `pretrained`)",
-    "paper": "section of electra_ablate/paper_results.yaml whose rows are this sweep's variant labels",
+    "paper": "section of electra_ablate/report/paper_results.yaml whose rows are this sweep's variant labels",
     "baseline": "variant the bootstrap differences are taken against",
     "figures": "extra report figures: generator_size, learning_curves",
     "default_scale": "scale used when none is given",
