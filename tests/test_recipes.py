@@ -6,11 +6,13 @@ let a second sweep fine-tune fewer checkpoints of another sweep's runs."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
+from electra_ablate.report import headline
 from electra_ablate.report.build import write_report
 from electra_ablate.sweep import compose, cost
 from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
@@ -146,6 +148,15 @@ def test_the_report_puts_the_recipes_side_by_side_and_says_where_a_verdict_diffe
     assert "- ELECTRA beats BERT: differs across recipes (cpu_glue: holds" in section
     # The report's other sections read the first recipe: its main table is cpu_glue's.
     assert "| 36.0" in text[:text.index("## Under each fine-tuning recipe")]
+    # verdicts.json holds each recipe's record and the agreement, and the long run's headline reads them so.
+    record = json.loads((tmp_path / "mini" / "verdicts.json").read_text())
+    assert record["medians"]["electra"]["glue"] == 36.0 and record["recipes"]["paper_glue"]["medians"]["bert"]["glue"] == 44.0
+    (agree,) = record["agreement"]
+    assert agree["verdicts"] == {"cpu_glue": "holds", "paper_glue": "reversed"} and not agree["same"]
+    said = headline.protocol_text(record, "reports/mini.md")
+    assert "**holds** under `cpu_glue`, +14.0" in said and "**reversed** under `paper_glue`, -3.0" in said
+    assert "(not the same under both; moved most by STS-B: +30.0 → -4.0" in said
+    assert headline.protocol_text({**record, "recipes": {"cpu_glue": record["recipes"]["cpu_glue"]}}) == ""
 
 
 def test_the_dry_run_prices_each_recipe_s_jobs_by_their_work(store):

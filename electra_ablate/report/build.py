@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from electra_ablate.common import cli, console
 from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
-from electra_ablate.report import arms, expected_max, holds, outcome, precision, recipes, sensitivity, verdicts
+from electra_ablate.report import arms, expected_max, headline, holds, outcome, precision, recipes, sensitivity, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure, task_curves_figure,
                                            pretraining_curves_figure)
@@ -56,15 +56,18 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
     # The markdown is written first and put in place last, after the figure folder it points at: leaving the
     # `with`, the folder is swapped in, then the markdown; an error on the way leaves the old report whole.
     with atomic_file(report_dir / f"{name}.md") as md_tmp, atomic_dir(report_dir / name) as staging:
-        text, results = _render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time)
+        text, results, under = _render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time)
         md_tmp.write_text(portable(text))
-    if holds.is_cpu_scale(ctx.spec) and report_dir.resolve() == (REPO_ROOT / "reports").resolve():
+    feeds = holds.is_cpu_scale(ctx.spec) or ctx.spec.report_name == headline.PROTOCOL  # README's and findings' lines
+    if feeds and report_dir.resolve() == (REPO_ROOT / "reports").resolve():
         holds.sync(REPO_ROOT, report_dir)
     path = report_dir / f"{name}.md"
     if echo:
         health = final_health(data, summary.tasks)
-        print("\n".join(outcome.lines(data, summary, health, load_paper_results(), results, shown_path(path))),
-              flush=True)
+        said = outcome.lines(data, summary, health, load_paper_results(), results, shown_path(path))
+        if under:
+            said += ["across recipes:", *(f"  {line}" for line in recipes.agreement_lines(under))]
+        print("\n".join(said), flush=True)
     return path
 
 
@@ -77,8 +80,9 @@ def shown_path(path: Path) -> Path:
 
 
 def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, staging: Path,
-                 running_sweep_run: str | None, running_wall_time: float | None) -> tuple[str, list]:
-    """Draw the figures into `staging`; return the markdown that points at them and the verdicts."""
+                 running_sweep_run: str | None, running_wall_time: float | None) -> tuple[str, list, list]:
+    """Draw the figures into `staging`; return the markdown that points at them, the verdicts and, for a sweep of
+    several recipes, each recipe's (report/recipes.py)."""
     name = ctx.spec.report_name
     figures: dict[str, str] = {}
     if summary.tasks:
@@ -104,8 +108,10 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     waiting = {v: f"the end of {v}'s pre-training ({status} in MLflow; the sweep resumes it)"
                for v, status in going.items()}
     results = verdicts.verdicts(ctx.spec, final, client, paper, predictions=data.predictions, waiting=waiting)
-    holds.write_record(staging / holds.RECORD, ctx.spec, results, arms.numbers(ctx.spec, data.pretrain), data.problems,
-                       summary.tasks, data.skipped, summary.as_record())
+    scale = arms.numbers(ctx.spec, data.pretrain)
+    under = recipes.gather(ctx, client, recipes.under(data, summary, results), paper, waiting)  # [] for one recipe
+    holds.write_record(staging / holds.RECORD, ctx.spec, results, scale, data.problems, summary.tasks, data.skipped,
+                       summary.as_record(), recipes.as_record(under, ctx.spec, scale))
     end = end_of_pretraining_section(ctx.spec, data.pretrain, paper, figures.get("pretraining_curves"))
     closing = pretrain_recipe_lines(data.pretrain) + end + recipe_lines(final, data.frame) + verdicts.render(results)
     if results:
@@ -114,9 +120,9 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
     closing += sensitivity.section(ctx.spec, summary.tasks, summary.medians, results,
                                    sensitivity.task_seconds(final, data.frame, client))
     closing += precision.section(data, results)
-    if len(ctx.spec.recipes) > 1:
-        closing += recipes.section(recipes.gather(ctx, client, recipes.under(data, summary, results), paper, waiting))
-    return render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing), results
+    closing += recipes.section(under)
+    return (render(data, summary, figures, provenance(data, running_sweep_run, running_wall_time, client), closing),
+            results, under)
 
 
 @hydra.main(config_path=str(cli.CONF_DIR), config_name="report", version_base="1.3")

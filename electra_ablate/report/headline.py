@@ -34,6 +34,12 @@ SUMMARY_END = "<!-- /headline -->"
 FINDINGS = "docs/findings.md"
 
 
+# The long run's finals under the cut recipe and the paper's protocol (sweeps/cpu_long_protocol.yaml): its record's
+# `recipes` and `agreement` (report/recipes.py) say whether each verdict survives the cuts.
+PROTOCOL = "cpu_long_protocol"
+PROTOCOL_REPORT = f"reports/{PROTOCOL}.md"
+
+
 WIDTH = 120  # the docs' line width
 
 
@@ -54,7 +60,41 @@ def _carried(c: Mapping) -> str:
     return "".join(f"; {x}" for x in out)
 
 
-def lines(record: Mapping | None, link: str = REPORT) -> list[str]:
+def _glue(record: Mapping) -> str:
+    medians: Mapping[str, Mapping[str, float]] = record.get("medians") or {}
+    return ", ".join(f"{v} {m['glue']:.1f}" for v, m in sorted(medians.items(), key=lambda kv: -kv[1].get("glue", 0))
+                     if "glue" in m)
+
+
+def protocol_text(record: Mapping | None, link: str = PROTOCOL_REPORT) -> str:
+    """One paragraph: the long run's GLUE medians and first verdict under each recipe of the protocol check, whether
+    the verdicts agree and which task moves most; '' before its report is committed."""
+    if not record or len(record.get("recipes") or {}) < 2:
+        return ""
+    recipes = record["recipes"]
+    parts = []
+    for name, r in recipes.items():
+        tasks = r.get("tasks") or []
+        short = (f", {r['missing_or_failed']} grid line(s) missing or failed"
+                 if r.get("missing_or_failed") else "")
+        parts.append(f"`{name}` GLUE-{len(tasks)} ({', '.join(verdicts.glue_task_names(tasks))}{short}): {_glue(r)}")
+    said = []
+    for a in (record.get("agreement") or [])[:1]:
+        each = []
+        for name, r in recipes.items():
+            c = next((c for c in r.get("claims") or [] if c["claim"] == a["claim"]), None)
+            if c is not None:
+                each.append(f"**{_short(c['verdict'])}** under `{name}`"
+                            + (f", {_difference(c)}" if c.get("estimate") is not None else ""))
+        moved = f"; moved most by {a['moved_most']}" if a.get("moved_most") not in (None, "–") else ""
+        said.append(f"{a['claim']}: {'; '.join(each)} ({'the same' if a['same'] else 'not the same'} under both"
+                    f"{moved})")
+    return (f"Under the cut recipe and the paper's fine-tuning protocol side by side ([{link}]({link}): the finals "
+            f"and random init, 5 seeds each): {'; '.join(parts)}. " + " ".join(s + "." for s in said))
+
+
+def lines(record: Mapping | None, link: str = REPORT, protocol: Mapping | None = None,
+          protocol_link: str = PROTOCOL_REPORT) -> list[str]:
     """The headline as markdown lines: the arms' GLUE medians, each verdict with what carries it, and the link."""
     if not record or not record.get("claims"):
         return [f"The long run's report is not committed yet ([{link}]({link}) once rendered)."]
@@ -77,12 +117,17 @@ def lines(record: Mapping | None, link: str = REPORT) -> list[str]:
         out.append(f"- {c['claim']}: **{c['verdict']}**, {_difference(c)}{_carried(c)}")
     out += ["", f"Read through the `cpu_glue` fine-tuning recipe (STS-B cut to 2,500 pairs and 3 epochs); the full "
                 f"report, learning curves per task and how it was made: [{link}]({link})."]
+    checked = protocol_text(protocol, protocol_link)
+    out += ["", checked or ("Whether these verdicts survive the paper's fine-tuning protocol (whole training sets, "
+                            "10 epochs for STS-B and RTE) is the check `sweep=cpu_long_protocol`; its report "
+                            f"([{protocol_link}]({protocol_link})) is not committed yet.")]
     return [w for line in out for w in (textwrap.wrap(line, WIDTH, subsequent_indent="  " if line.startswith("- ") else "",
                                                       break_on_hyphens=False) or [""])]
 
 
 
-def summary(record: Mapping | None, findings: str = FINDINGS, link: str = REPORT) -> list[str]:
+def summary(record: Mapping | None, findings: str = FINDINGS, link: str = REPORT,
+            protocol: Mapping | None = None) -> list[str]:
     """README's headline: the long run's GLUE medians and its first claim's verdict, then the findings page."""
     more = f"Every verdict at CPU scale, what is open and what would settle it: [{findings}]({findings})."
     if not record or not record.get("claims"):
@@ -97,6 +142,8 @@ def summary(record: Mapping | None, findings: str = FINDINGS, link: str = REPORT
     verdict = (f"{c['claim']}: **{c['verdict']}**, {_difference(c)}{_carried(c)}" if c.get("estimate") is not None
                else f"{c['claim']}: {c['verdict']}")
     per_arm = f"{'one' if seeds == 1 else seeds} pre-training seed{'s' if seeds != 1 else ''} per arm"
+    checked = protocol_text(protocol)
     text = (f"The long run ([{link}]({link}): {tokens / 1e6:.0f}M pre-training tokens for the longest arm, {per_arm}) "
-            f"scores GLUE-{len(tasks)} medians {arms}. {verdict}. {more}")
+            f"scores GLUE-{len(tasks)} medians {arms} through the cut `cpu_glue` recipe. {verdict}. "
+            f"{checked + ' ' if checked else ''}{more}")
     return textwrap.wrap(text, WIDTH, break_on_hyphens=False)

@@ -95,13 +95,15 @@ def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
     """README.md and docs/findings.md under `root`: path -> (text now, text with the tables of `report_dir`)."""
     presets = preset_records(report_dir)
     long_run = _long_run_record(report_dir)
+    protocol = _record(report_dir / headline.PROTOCOL / RECORD)
     readme, findings = root / "README.md", root / DETAIL_DOC
     sections = {
         findings: ((_from_docs(summary_table(*presets)), START, END),
                    (_from_docs(table(*presets)), DETAIL_START, DETAIL_END),
-                   (headline.lines(long_run, f"../{headline.REPORT}"), headline.START, headline.END)),
+                   (headline.lines(long_run, f"../{headline.REPORT}", protocol, f"../{headline.PROTOCOL_REPORT}"),
+                    headline.START, headline.END)),
         readme: ((quick_outcome(report_dir / "quick.md"), QUICK_START, QUICK_END),
-                 (headline.summary(long_run), headline.SUMMARY_START, headline.SUMMARY_END)),
+                 (headline.summary(long_run, protocol=protocol), headline.SUMMARY_START, headline.SUMMARY_END)),
     }
     out = {}
     for path, parts in sections.items():
@@ -113,7 +115,10 @@ def rewritten(root: Path, report_dir: Path) -> dict[Path, tuple[str, str]]:
 
 
 def _long_run_record(report_dir: Path) -> dict | None:
-    path = report_dir / CPU_LONG[0][0] / RECORD
+    return _record(report_dir / CPU_LONG[0][0] / RECORD)
+
+
+def _record(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 

@@ -122,8 +122,10 @@ def record(spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, d
 
 def write_record(path: Path, spec: SweepSpec, results: Sequence[vd.Verdict], scale: Mapping[str, dict | None],
                  problems: Sequence[str] = (), tasks: Sequence[str] = (), skipped: Sequence[str] = (),
-                 medians: Mapping[str, Mapping[str, float]] | None = None) -> None:
-    text = json.dumps(record(spec, results, scale, problems, tasks, skipped, medians), indent=1, sort_keys=True)
+                 medians: Mapping[str, Mapping[str, float]] | None = None, extra: Mapping | None = None) -> None:
+    """`record` as JSON at `path`, with `extra`'s keys beside (a sweep of several recipes: report/recipes.py)."""
+    content = {**record(spec, results, scale, problems, tasks, skipped, medians), **(extra or {})}
+    text = json.dumps(content, indent=1, sort_keys=True)
     write_text(path, portable(text) + "\n")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from electra_ablate.glue import tasks as glue
-from electra_ablate.report import carries, verdicts
+from electra_ablate.report import carries, holds_record, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.recipe import recipe_lines
 from electra_ablate.report.stats import Summary, summarize
@@ -40,7 +40,10 @@ def under(data: SweepData, summary: Summary, results: list) -> UnderRecipe:
 
 
 def gather(ctx, client, first: UnderRecipe, paper, waiting) -> list[UnderRecipe]:
-    """`first` (the report's main recipe), then every other recipe of the sweep, collected and judged alike."""
+    """`first` (the report's main recipe), then every other recipe of the sweep, collected and judged alike; [] for a
+    sweep of one recipe."""
+    if len(ctx.spec.recipes) < 2:
+        return []
     out = [first]
     for recipe in ctx.spec.recipes[1:]:
         data = collect(ctx, client, recipe)
@@ -100,6 +103,18 @@ def agreement_lines(runs: Sequence[UnderRecipe]) -> list[str]:
         moved = _moved_most(each)
         lines.append(f"{text}: {word} ({where})" + (f"; moved most by {moved}" if moved != "–" else ""))
     return lines
+
+
+def as_record(runs: Sequence[UnderRecipe], spec, scale) -> dict:
+    """verdicts.json's `recipes` (each recipe's record, as report/holds_record.py writes the first's) and
+    `agreement` (per claim: the same verdict under every recipe, and the task that moves most)."""
+    if len(runs) < 2:
+        return {}
+    return {"recipes": {r.recipe: holds_record.record(spec, r.results, scale, r.data.problems, r.summary.tasks,
+                                                      r.data.skipped, r.summary.as_record()) for r in runs},
+            "agreement": [{"claim": text, "same": same, "verdicts": {r.recipe: (w.verdict if w else None)
+                                                                     for r, w in zip(runs, each)},
+                           "moved_most": _moved_most(each)} for text, each, same in agreement(runs)]}
 
 
 def section(runs: Sequence[UnderRecipe]) -> list[str]:
