@@ -5,8 +5,9 @@ Restored into a temporary folder with the store's own `restore.py`, as its READM
 plan nothing (every run identity of the store is still the one the code computes: a guard beside
 tests/test_identity_stability.py, on real runs), the report rendered there must equal `reports/cpu_long.md` and its
 `verdicts.json` but for the line that dates the rendering, and `table5_efficiency` at scale `cpu_long` must plan
-exactly its three new arms' pre-training (BERT, ELECTRA and random init are found in the store). Slow (about three
-minutes on two cores); skipped with one line where the store is absent.
+exactly its three new arms' pre-training (BERT, ELECTRA and random init are found in the store), and the protocol
+check `cpu_long_protocol` exactly the paper recipe's 60 fine-tuning runs. Slow (about four minutes on two cores);
+skipped with one line where the store is absent.
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ def test_the_committed_report_is_what_the_store_renders(restored, tmp_path):
     assert (tmp_path / record).read_text() == (REPO / "reports" / record).read_text()
     # What carries the verdict is said beside it: without STS-B, ELECTRA no longer leads.
     assert "rests on STS-B" in committed
+
+
+def test_the_protocol_check_plans_only_the_paper_recipe_s_sixty_runs(restored):
+    """sweep=cpu_long_protocol: the finals' cpu_glue runs and CoLA under paper_glue (not cut) are the store's."""
+    out = _run(["-m", "electra_ablate.sweep", "sweep=cpu_long_protocol", "dry_run=true"], restored)
+    assert "pretrain: 0 job(s) launched (all 2 already finished)" in out, out
+    assert "finetune: 60 job(s) launched (dry run: printed above, not run)" in out, out
+    assert ("+sweep_checkpoint=bert-s0-final-paper_glue,electra-s0-final-paper_glue,none-s0-final-paper_glue "
+            "task=sst2,mrpc,stsb,rte seed=0,1,2,3,4 ") in out, out
+    for task in ("sst2", "mrpc", "stsb", "rte"):
+        assert re.search(rf"^    {task} \(paper_glue\): 15 job\(s\) x \d+ s", out, re.M), out
 
 
 def test_table5_at_the_long_run_s_budget_plans_only_its_three_new_arms(restored):

@@ -386,6 +386,11 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("the long run: about 15 core-hours of pre-training; every job's config composes "
              "(test_documented_command_composes), and tests/test_sweeps.py checks its budget and checkpoints"),
     "python -m electra_ablate.sweep sweep=cpu_long dry_run=true": Smoke(check=check_long_dry_run),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.sweep sweep=cpu_long_protocol precision=32-true hydra/launcher=joblib "
+     "hydra.launcher.n_jobs=2"):
+        Skip("the long run's finals under a second recipe: about 9 core-hours on the long run's store; every job's "
+             "config composes (test_documented_command_composes), tests/test_recipes.py runs the recipe axis on a "
+             "store it fills, and tests/test_cpu_long_store.py checks its dry run plans exactly 60 runs on the store"),
     "python -m electra_ablate.report sweep=cpu_regime_30k":
         Smoke((REPORT_DIR,), check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
     # docs/usage.md: the probes
