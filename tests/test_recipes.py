@@ -104,7 +104,11 @@ SCORES = {
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, data_dir):
-    tmp_path = tmp_path_factory.mktemp("recipes")
+    return fill(tmp_path_factory.mktemp("recipes"), data_dir)
+
+
+def fill(tmp_path: Path, data_dir: Path, leave_out: tuple[str, str] | None = None):
+    """The two-recipe sweep's store, with every job of SCORES finished but those of `leave_out` (recipe, task)."""
     ctx = make_context(tmp_path, data_dir, TWO_RECIPES)
     client = tracking.setup(ctx.tracking_uri, "mini")
     ids = {}
@@ -120,6 +124,8 @@ def store(tmp_path_factory, data_dir):
     logged = set()
     for c in checkpoints:
         for task, values in SCORES[c.variant][c.recipe].items():
+            if (c.recipe, task) == leave_out:
+                continue
             for seed, score in enumerate(values):
                 h = hashes[(c.config_name, task, seed)][0]
                 if h in logged:  # CoLA: one run under both recipes
@@ -157,6 +163,22 @@ def test_the_report_puts_the_recipes_side_by_side_and_says_where_a_verdict_diffe
     assert "**holds** under `cpu_glue`, +14.0" in said and "**reversed** under `paper_glue`, -3.0" in said
     assert "(not the same under both; moved most by STS-B: +30.0 → -4.0" in said
     assert headline.protocol_text({**record, "recipes": {"cpu_glue": record["recipes"]["cpu_glue"]}}) == ""
+
+
+def test_a_recipe_still_running_is_compared_on_the_tasks_every_recipe_has(tmp_path, data_dir):
+    ctx, client = fill(tmp_path, data_dir, leave_out=("paper_glue", "stsb"))
+    text = write_report(ctx, client, tmp_path, echo=False).read_text()
+    section = text[text.index("## Under each fine-tuning recipe"):]
+    assert "| variant | recipe | CoLA | STS-B | GLUE-2 | GLUE-1 (the tasks all have) |" in section
+    assert "| electra | `paper_glue` | 11.0 | – | 11.0 (of 1 task) | 11.0 |" in section
+    assert "the verdicts below are each recipe's on GLUE-1: CoLA, the tasks all have" in section
+    claim = next(line for line in section.splitlines() if line.startswith("| ELECTRA beats BERT |"))
+    assert claim.split("|")[4].strip() == "same"  # on CoLA alone, where both recipes are the same runs
+    assert "`paper_glue` is not complete: 2 line(s) of missing or failed fine-tuning" in section
+    record = json.loads((tmp_path / "mini" / "verdicts.json").read_text())
+    assert record["recipes"]["paper_glue"]["tasks"] == ["cola"] == record["recipes"]["cpu_glue"]["tasks"]
+    assert record["recipes"]["cpu_glue"]["finished_tasks"] == ["cola", "stsb"]
+    assert record["recipes"]["cpu_glue"]["medians"]["bert"] == {"cola": 13.0, "glue": 13.0}
 
 
 def test_the_dry_run_prices_each_recipe_s_jobs_by_their_work(store):

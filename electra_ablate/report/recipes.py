@@ -9,7 +9,7 @@ verdicts (report/verdicts.py), bootstrap samples and seed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -17,7 +17,7 @@ from electra_ablate.glue import tasks as glue
 from electra_ablate.report import carries, holds_record, verdicts
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.recipe import recipe_lines
-from electra_ablate.report.stats import Summary, summarize
+from electra_ablate.report.stats import Summary, glue_of, summarize
 from electra_ablate.report.tables import table
 
 
@@ -29,6 +29,10 @@ class UnderRecipe:
     data: SweepData
     summary: Summary
     results: list[verdicts.Verdict]
+    # The verdicts the recipes are compared by: on the tasks every recipe has finished runs of (`common`), so that a
+    # recipe still running is not compared on another mean; `results` itself where every recipe has the same tasks.
+    judged: list[verdicts.Verdict] = field(default_factory=list)
+    common: list[str] = field(default_factory=list)
 
 
 def final_scores(data: SweepData) -> pd.DataFrame:
@@ -50,6 +54,22 @@ def gather(ctx, client, first: UnderRecipe, paper, waiting) -> list[UnderRecipe]
         results = verdicts.verdicts(ctx.spec, final_scores(data), client, paper, predictions=data.predictions,
                                     waiting=waiting)
         out.append(UnderRecipe(recipe, data, summarize(data), results))
+    common = [t for t in glue.TASKS if all(t in r.summary.tasks for r in out)]
+    for r in out:
+        r.common, r.judged = common, r.results
+        if any(set(o.summary.tasks) != set(common) for o in out):
+            final = final_scores(r.data)
+            r.judged = verdicts.verdicts(ctx.spec, final[final["task"].isin(common)], client, paper,
+                                         predictions=r.data.predictions, waiting=waiting)
+    return out
+
+
+def medians_on(summary: Summary, tasks: Sequence[str]) -> dict[str, dict[str, float]]:
+    """variant -> task -> median on `tasks`, with their mean as "glue" (report/stats.py glue_of)."""
+    out = {}
+    for v, row in summary.as_record().items():
+        kept = {t: row[t] for t in tasks if t in row}
+        out[v] = {**kept, **({"glue": glue_of(kept)} if len(kept) == len(tasks) and kept else {})}
     return out
 
 
@@ -87,8 +107,8 @@ def _moved_most(per_recipe: Sequence[verdicts.Verdict | None]) -> str:
 def agreement(runs: Sequence[UnderRecipe]) -> list[tuple[str, list[verdicts.Verdict | None], bool]]:
     """Per claim of the first recipe: its verdict under each recipe, and whether they are all the same."""
     out = []
-    for v in runs[0].results:
-        each = [next((w for w in r.results if w.claim.text == v.claim.text), None) for r in runs]
+    for v in runs[0].judged:
+        each = [next((w for w in r.judged if w.claim.text == v.claim.text), None) for r in runs]
         same = all(w is not None and w.verdict == v.verdict for w in each)
         out.append((v.claim.text, each, same))
     return out
@@ -110,8 +130,9 @@ def as_record(runs: Sequence[UnderRecipe], spec, scale) -> dict:
     `agreement` (per claim: the same verdict under every recipe, and the task that moves most)."""
     if len(runs) < 2:
         return {}
-    return {"recipes": {r.recipe: holds_record.record(spec, r.results, scale, r.data.problems, r.summary.tasks,
-                                                      r.data.skipped, r.summary.as_record()) for r in runs},
+    return {"recipes": {r.recipe: {**holds_record.record(spec, r.judged, scale, r.data.problems, r.common, r.data.skipped,
+                                                         medians_on(r.summary, r.common)),
+                                   "finished_tasks": list(r.summary.tasks)} for r in runs},
             "agreement": [{"claim": text, "same": same, "verdicts": {r.recipe: (w.verdict if w else None)
                                                                      for r, w in zip(runs, each)},
                            "moved_most": _moved_most(each)} for text, each, same in agreement(runs)]}
@@ -129,6 +150,7 @@ def section(runs: Sequence[UnderRecipe]) -> list[str]:
            f"`{runs[0].recipe}`. Here each recipe's final-checkpoint medians and GLUE score, then each claim's "
            "verdict under each, judged alike (the same bootstrap, samples and seed). A verdict that differs across "
            "recipes is the fine-tuning protocol's as much as the pre-training's.", ""]
+    partial = any(set(r.summary.tasks) != set(runs[0].common) for r in runs)
     rows = []
     for v in dict.fromkeys(label for r in runs for label in r.summary.medians.index):
         for r in runs:
@@ -137,10 +159,21 @@ def section(runs: Sequence[UnderRecipe]) -> list[str]:
             med = r.summary.medians.loc[v]
             cells = [f"{med[t]:.1f}" if t in med and pd.notna(med[t]) else "–" for t in tasks]
             glue_score = r.summary.glue.get(v)
-            short = f" (of {len(r.summary.tasks)} tasks)" if len(r.summary.tasks) < len(tasks) else ""
-            rows.append([v, f"`{r.recipe}`", *cells, "–" if glue_score is None else f"{glue_score:.1f}{short}"])
-    out += [table(["variant", "recipe", *(_name(t) for t in tasks), verdicts.glue_label(tasks).partition(":")[0]],
-                  rows), ""]
+            n = len(r.summary.tasks)
+            short = f" (of {n} task{'s' if n != 1 else ''})" if n < len(tasks) else ""
+            cells.append("–" if glue_score is None else f"{glue_score:.1f}{short}")
+            if partial:
+                on_common = medians_on(r.summary, r.common).get(v, {}).get("glue")
+                cells.append("–" if on_common is None else f"{on_common:.1f}")
+            rows.append([v, f"`{r.recipe}`", *cells])
+    header = ["variant", "recipe", *(_name(t) for t in tasks), verdicts.glue_label(tasks).partition(":")[0]]
+    if partial:
+        header.append(f"{verdicts.glue_label(runs[0].common).partition(':')[0]} (the tasks all have)")
+    out += [table(header, rows), ""]
+    if partial:
+        out += [f"Not every recipe has finished runs of every task: the verdicts below are each recipe's on "
+                f"{verdicts.glue_label(runs[0].common)}, the tasks all have, so that each is judged on the same mean; "
+                "the sections above read the first recipe on all of its tasks.", ""]
     claim_rows = []
     for text, each, same in agreement(runs):
         claim_rows.append([text, *(_cell(w) for w in each), "same" if same else "**differs**", _moved_most(each)])
