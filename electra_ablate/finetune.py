@@ -1,6 +1,6 @@
 """Fine-tune a pre-trained encoder on GLUE tasks: `python -m electra_ablate.finetune pretrained=<run id | dir |
-hf:id | none> task=<task | glue> seed=<n>`. training/finetuning.py runs it (the paper's recipe, section 3.1 and
-Table 7); training/finetune_source.py resolves what to fine-tune."""
+hf:id | none> task=<task | glue> seed=<n>`. finetuning/run.py runs it (the paper's recipe, section 3.1 and
+Table 7); finetuning/source.py resolves what to fine-tune."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from electra_ablate.common import cli, console
-from electra_ablate.training.finetuning import run
+from electra_ablate.finetuning.run import run
 
 
 @hydra.main(version_base="1.3", config_path=str(cli.CONF_DIR), config_name="finetune")

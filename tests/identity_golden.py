@@ -9,8 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from electra_ablate.training import finetune_source
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
+from electra_ablate.finetuning import source as finetune_source
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.sweep.compose import FINETUNE_GROUP, compose_session, make_context
 from electra_ablate.sweep.jobs import Checkpoint, PretrainJob

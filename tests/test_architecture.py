@@ -20,7 +20,7 @@ LAYERS = {
     "common": 0, "tracking": 0,
     "models": 1, "data": 1, "optim": 1,
     "objectives": 2, "generators": 2, "sharing": 2, "weighting": 2,
-    "training": 3, "algorithms": 3, "glue": 3, "hf": 3,
+    "training": 3, "finetuning": 3, "algorithms": 3, "glue": 3, "hf": 3,
     "pretrain": 4, "finetune": 4, "export": 4, "submit": 4, "sweep": 4, "report": 4, "bench": 4,
     "probes": 4,
 }

@@ -12,8 +12,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from electra_ablate import export, pretrain
-from electra_ablate.training import finetune_source
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
+from electra_ablate.finetuning import source as finetune_source
 from electra_ablate.common import cli
 from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep.compose import make_context, validate

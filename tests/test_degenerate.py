@@ -24,7 +24,7 @@ from electra_ablate.report.markdown import ranking
 from electra_ablate.report.paper import load_paper_results
 from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
 from electra_ablate.tracking import runs as tracking
 from tests.hermetic import finetune_hash_of
 

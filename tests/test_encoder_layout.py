@@ -99,7 +99,7 @@ def test_bad_layout_is_refused_before_compute(tmp_path, pretrain_cfg, override, 
 
 def test_pre_ln_fine_tunes_with_its_final_layer_norm_at_the_top_layers_rate():
     from electra_ablate.glue import tasks as glue
-    from electra_ablate.glue.system import FinetuneSystem, OptimSettings
+    from electra_ablate.finetuning.system import FinetuneSystem, OptimSettings
     from electra_ablate.models.encoder import ElectraModel
 
     config = EncoderConfig(**SIZES, layer_norm="pre")

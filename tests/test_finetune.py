@@ -20,13 +20,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
-from electra_ablate.training import finetune_source, finetuning
+from electra_ablate.finetuning import run as finetuning
+from electra_ablate.finetuning import source as finetune_source
 from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.tracking import identity
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained
-from electra_ablate.glue.system import FinetuneSystem, OptimSettings, layerwise_param_groups, pool
+from electra_ablate.finetuning.system import FinetuneSystem, OptimSettings, layerwise_param_groups, pool
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -354,7 +355,7 @@ def test_directory_checkpoint_loads_the_encoder_with_finetuning_dropout(store, t
 
 def test_hf_checkpoints_go_through_the_interop_module_lazily(store, tmp_path, monkeypatch):
     client, uri = store
-    for module in ("finetune.py", "training/finetuning.py", "training/finetune_source.py"):
+    for module in ("finetune.py", "finetuning/run.py", "finetuning/source.py"):
         tree = ast.parse((REPO / "electra_ablate" / module).read_text())
         top_level = {a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names} | {
             n.module for n in tree.body if isinstance(n, ast.ImportFrom)}
@@ -559,7 +560,7 @@ def test_fixed_length_batches_fine_tune_to_the_same_result(store, tmp_path):
 
 
 def test_fine_tuning_batches_are_padded_as_the_runtime_says():
-    from electra_ablate.glue.system import collate
+    from electra_ablate.finetuning.data import collate
 
     items = [(np.arange(5), np.zeros(5), 1, 0), (np.arange(37), np.zeros(37), 0, 1)]
     assert collate(items)["input_ids"].shape == (2, 37)

@@ -18,7 +18,7 @@ from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import readers as glue_readers
 from electra_ablate.glue import tasks as glue
 from electra_ablate.data.tokenizer import load_tokenizer
-from electra_ablate.glue.system import LengthBucketBatchSampler, collate, sorted_batches
+from electra_ablate.finetuning.data import LengthBucketBatchSampler, collate, sorted_batches
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

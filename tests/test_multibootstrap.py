@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
 from electra_ablate.glue import features as glue_features
 from electra_ablate.glue import metrics as glue_metrics
 from electra_ablate.glue import tasks as glue

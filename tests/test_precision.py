@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
-from electra_ablate.training import finetune_source
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
+from electra_ablate.finetuning import source as finetune_source
 from electra_ablate.common import precision
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.models.checkpoint import save_pretrained

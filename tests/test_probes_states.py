@@ -16,7 +16,7 @@ from electra_ablate.probes import states
 from electra_ablate.bench.settings import BenchError
 from electra_ablate.models.checkpoint import save_pretrained
 from electra_ablate.models.encoder import ElectraForPretraining, ElectraModel, EncoderConfig
-from electra_ablate.training import finetune_source
+from electra_ablate.finetuning import source as finetune_source
 
 DATA = Path(os.environ["ELECTRA_ABLATE_DATA"])  # conftest: the tiny hermetic data folder
 VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"

@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
 from electra_ablate.glue import tasks as glue
-from electra_ablate.glue.system import FinetuneSystem, OptimSettings
+from electra_ablate.finetuning.system import FinetuneSystem, OptimSettings
 from electra_ablate.models.encoder import ElectraModel, EncoderConfig
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.optim.adam import adam_over_parameters

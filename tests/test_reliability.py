@@ -214,8 +214,8 @@ def test_a_multirun_job_that_cannot_run_says_why_and_the_command_fails(tmp_path,
 def test_a_busy_fine_tuning_identity_fails_the_job_even_with_keep_going(tmp_path, data_dir):
     # sweep.keep_going lets a job go on past a task that failed; a task that could not run at all (its identity
     # busy) still makes the job, and so the multirun, fail.
-    from electra_ablate.training import finetuning
-    from electra_ablate.training.finetune_source import normalise_spec
+    from electra_ablate.finetuning import run as finetuning
+    from electra_ablate.finetuning.source import normalise_spec
 
     cmd = finetune_command(tmp_path, data_dir)
     overrides = [a for a in cmd[3:] if not a.startswith("hydra.")]

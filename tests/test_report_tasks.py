@@ -30,7 +30,7 @@ from electra_ablate.sweep import compose
 from electra_ablate.sweep.jobs import PretrainJob
 from electra_ablate.sweep.run import run_finetune_phase
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
 from tests.hermetic import finetune_hash_of
 
 SWEEP_FILE = """

@@ -149,7 +149,7 @@ def _launch_on(ctx, requested: str, seed: int):
     this process, composed from the generated config as the multirun composes it; returns the job's run."""
     from electra_ablate.sweep.jobs import Checkpoint
     from electra_ablate.sweep.run import run_sweep
-    from electra_ablate.training import finetuning
+    from electra_ablate.finetuning import run as finetuning
 
     launched = {}
 
@@ -221,7 +221,7 @@ def test_a_finetuning_run_restarted_where_auto_means_fp32_keeps_bf16(tmp_path, d
     from hydra import compose, initialize_config_dir
 
     from electra_ablate.sweep.spec import CONF_DIR
-    from electra_ablate.training import finetuning
+    from electra_ablate.finetuning import run as finetuning
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from electra_ablate.training import finetuning
+from electra_ablate.finetuning import run as finetuning
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue import submit
 from electra_ablate.tracking import runs as tracking

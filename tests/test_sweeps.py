@@ -127,7 +127,7 @@ def test_evidence_sweeps_compare_matched_arms_at_equal_compute(name, scale, tmp_
 
 def test_a_sweeps_per_task_settings_reach_each_tasks_runs(tmp_path, data_dir):
     """quick cuts MRPC and STS-B below recipe=cpu_glue's settings with `per_task` keys of its scale."""
-    from electra_ablate.training import finetuning
+    from electra_ablate.finetuning import run as finetuning
     ctx = context("quick", "tiny", tmp_path, data_dir)
     ckpt = Checkpoint("bert", 0, "0" * 32, 1, True, 1.0)
     ctx.write_finetune_config(ckpt)
@@ -772,7 +772,7 @@ def test_the_30k_preset_sweep_compares_at_equal_compute_on_every_local_glue_task
     ft = ctx.compose_finetune([ctx.searchpath, f"+sweep_checkpoint={ckpt.config_name}", "task=sst2"])
     assert (ft.preset, ft.pooling, ft.dropout.hidden, ft.glue_data.max_seq_length) == ("cpu_glue", "mean", 0.0, 128)
     # The recipe's own settings per task (docs/presets.md, "`recipe=cpu_glue`"): SST-2 cut to 8,000 labels.
-    from electra_ablate.training import finetuning
+    from electra_ablate.finetuning import run as finetuning
     (task, task_cfg), = finetuning.selected_tasks(ft)
     assert finetuning.for_task(ft, task.name, task_cfg)[0].glue_data.max_train_examples == 8000
     assert ft.glue_data.max_train_examples is None

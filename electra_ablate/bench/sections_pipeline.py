@@ -22,11 +22,11 @@ from electra_ablate.bench.settings import Report, Settings, log
 from electra_ablate.data.corpus_build import build_or_load_corpus
 from electra_ablate.data.corpus_files import TextFiles
 from electra_ablate.data.tokenizer import load_tokenizer
+from electra_ablate.finetuning.data import LengthBucketBatchSampler, collate
+from electra_ablate.finetuning.system import FinetuneSystem, OptimSettings, layerwise_param_groups
 from electra_ablate.glue.features import featurize
 from electra_ablate.glue.readers import read_tsv
 from electra_ablate.glue.tasks import get_task
-from electra_ablate.glue.system import (FinetuneSystem, LengthBucketBatchSampler, OptimSettings, collate,
-                                        layerwise_param_groups)
 from electra_ablate.models import fast
 from electra_ablate.models.encoder import ElectraModel
 

@@ -1,7 +1,7 @@
 """GLUE test-set predictions and the submission the GLUE server expects: `python -m electra_ablate.submit`.
 
-The test splits have no labels, so they are predicted at the end of a fine-tuning run
-(`glue_data.predict_test=true`, as the reference run_finetuning.py's `do_test`) and kept as the run's
+The test splits have no labels, so they are predicted at the end of a fine-tuning run (finetuning/run.py,
+`glue_data.predict_test=true`, as the reference run_finetuning.py's `do_test`) and kept as the run's
 `predictions/test_predictions.tsv` artifact (split, index, prediction): every task's test split, MNLI's
 matched and mismatched ones, and the AX diagnostic, which GLUE scores with the MNLI model. Test examples come
 from the GLUE TSV layouts (a header, an index column, no label column: the official download script's files,
@@ -28,12 +28,10 @@ from typing import NamedTuple
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import torch
 
 from electra_ablate.common import cli
 from electra_ablate.common.io import atomic_file
 from electra_ablate.glue import tasks as glue
-from electra_ablate.glue.features import Features
 
 TEST_ARTIFACT = "predictions/test_predictions.tsv"
 
@@ -155,27 +153,7 @@ def load_test_splits(task: glue.TaskSpec, source: str, glue_dir: str | Path,
     return out
 
 
-# --- predicting and the artifact ----------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def predict(system, features: Features, batch_size: int, pad_id: int, autocast: str | None = None) -> np.ndarray:
-    """Class ids (or STS-B scores) of a fine-tuned FinetuneSystem on tokenized examples, in their order."""
-    from electra_ablate.glue.system import FeaturesDataset, collate, sorted_batches
-
-    was_training = system.training
-    system.eval()
-    dataset = FeaturesDataset(features)
-    out = np.empty(len(features), dtype=np.float64 if system.task.is_regression else np.int64)
-    device = next(system.parameters()).device
-    for rows in sorted_batches(features.lengths, batch_size):
-        batch = {k: v.to(device) for k, v in collate([dataset[i] for i in rows], pad_id).items()}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast == "bf16-mixed"):
-            logits = system(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-        preds = logits.float() * system._score_scale if system.task.is_regression else logits.argmax(-1)
-        out[rows] = preds.cpu().numpy()
-    system.train(was_training)
-    return out
+# --- the artifact ------------------------------------------------------------------------------------------
 
 
 def label_string(task: glue.TaskSpec, value) -> str:

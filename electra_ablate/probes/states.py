@@ -12,7 +12,7 @@ classifier reads):
   centred (less their mean over the examples: what a classifier with a bias can use).
 
 A collapsed encoder (one vector for every token) has rank ~1 and cosines ~1; an isotropic one cosines ~0 and a
-rank near its width. Encoders are loaded as fine-tuning loads them (training/finetune_source.py, from the
+rank near its width. Encoders are loaded as fine-tuning loads them (finetuning/source.py, from the
 fine-tuning config: `--override reinit_top_layers=1` measures what such a run starts from), and nothing is written
 to the run store.
 
@@ -37,15 +37,15 @@ from electra_ablate.bench.settings import CONF_DIR, BenchError, log
 from electra_ablate.common import cli
 from electra_ablate.common.io import write_text
 from electra_ablate.data.tokenizer import load_tokenizer
+from electra_ablate.finetuning.run import lowercase
+from electra_ablate.finetuning.source import (RUN_ID, Pretrained, normalise_spec, reinit_top_layers,
+                                              resolve_pretrained)
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.features import cached_features, file_digest
 from electra_ablate.glue.readers import load_split
 from electra_ablate.models.encoder import ElectraModel
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking import store
-from electra_ablate.training.finetune_source import (RUN_ID, Pretrained, normalise_spec, reinit_top_layers,
-                                                     resolve_pretrained)
-from electra_ablate.training.finetuning import lowercase
 
 RANDOM = "random init"
 

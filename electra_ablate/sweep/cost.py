@@ -30,12 +30,13 @@ from typing import NamedTuple
 from hydra.utils import get_class
 
 from electra_ablate.common import precision
+from electra_ablate.finetuning import tasks as finetuning
 from electra_ablate.sweep.compose import FINETUNE_GROUP, SweepContext, compose_session
 from electra_ablate.sweep.jobs import Checkpoint
 from electra_ablate.sweep.plan import PretrainState, saved_so_far
 from electra_ablate.sweep.spec import REPO_ROOT
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import build, finetuning, run_folder
+from electra_ablate.training import build, run_folder
 
 REPORTS = REPO_ROOT / "reports"
 PRESETS_JSON, THROUGHPUT_JSON = "benchmarks_presets.json", "benchmarks_throughput.json"

@@ -9,13 +9,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from electra_ablate.finetuning import tasks as finetuning
+from electra_ablate.finetuning.source import normalise_spec
 from electra_ablate.glue import tasks as glue
 from electra_ablate.sweep.compose import FINETUNE_GROUP, SweepContext, compose_session
 from electra_ablate.sweep.jobs import RANDOM_SOURCE, Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.spec import SweepSpec
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training import finetuning, pretraining
-from electra_ablate.training.finetune_source import normalise_spec
+from electra_ablate.training import pretraining
 
 class PretrainState(NamedTuple):
     job: PretrainJob

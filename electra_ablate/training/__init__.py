@@ -1,4 +1,5 @@
-"""Lightning systems and the runs that drive them: pre-training, fine-tuning, their checks and builders."""
+"""Lightning systems and the runs that drive them: pre-training, its checks and builders, its run folders, and
+the parts fine-tuning (finetuning/) shares: the precision a run attempts (`build`) and the progress heartbeat."""
 
 import logging
 

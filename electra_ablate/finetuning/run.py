@@ -24,21 +24,22 @@ import torch
 from electra_ablate.common import console, io, stops
 from electra_ablate.common import precision as precision_lib
 from electra_ablate.data.tokenizer import load_tokenizer
+from electra_ablate.finetuning.checks import validate
+from electra_ablate.finetuning.data import GlueDataModule, predict
+from electra_ablate.finetuning.source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
+                                              resolve_pretrained)
+from electra_ablate.finetuning.system import FinetuneSystem, OptimSettings
+from electra_ablate.finetuning.tasks import for_task, load_task_data, run_identity, selected_tasks
 from electra_ablate.glue import submit
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.features import Features, cached_features, file_digest, prediction_rows
 from electra_ablate.glue.metrics import glue_score, task_score
 from electra_ablate.glue.readers import double_unordered, load_split
-from electra_ablate.glue.system import FinetuneSystem, GlueDataModule, OptimSettings
 from electra_ablate.models import fast
 from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock, RunBusyError
 from electra_ablate.training.build import attempt_precision
-from electra_ablate.training.finetune_checks import validate
-from electra_ablate.training.finetune_source import (FinetuneError, Pretrained, normalise_spec, reinit_top_layers,
-                                                     resolve_pretrained)
-from electra_ablate.training.finetune_tasks import for_task, load_task_data, run_identity, selected_tasks
 from electra_ablate.training.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,9 @@ def _train_task(cfg, task, task_cfg, data, pretrained: Pretrained, tokenizer, cl
         run.log_artifact(write_predictions(out, task, dev, system.predictions), "predictions")
         if test:
             test_preds = {
-                split: submit.predict(system, _features(cfg, task, examples, pretrained, tokenizer, vocab_digest),
-                                      int(cfg.glue_data.eval_batch_size), tokenizer.token_to_id("[PAD]") or 0,
-                                      choice.precision if on_gpu(cfg) else None)
+                split: predict(system, _features(cfg, task, examples, pretrained, tokenizer, vocab_digest),
+                               int(cfg.glue_data.eval_batch_size), tokenizer.token_to_id("[PAD]") or 0,
+                               choice.precision if on_gpu(cfg) else None)
                 for split, examples in test.items()
             }
             out = out.with_name("test_predictions.tsv")

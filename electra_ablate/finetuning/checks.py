@@ -7,9 +7,10 @@ import math
 
 from omegaconf import DictConfig
 
-from electra_ablate.glue.system import FINETUNE_PADDING, POOLINGS
+from electra_ablate.finetuning.data import FINETUNE_PADDING
+from electra_ablate.finetuning.source import FinetuneError
+from electra_ablate.finetuning.system import POOLINGS
 from electra_ablate.models.fast import CPU_ATTENTION
-from electra_ablate.training.finetune_source import FinetuneError
 
 
 def _positive(value, key: str, fix: str, integer: bool = False) -> None:

@@ -9,10 +9,10 @@ import logging
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
+from electra_ablate.finetuning.source import FinetuneError
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.readers import double_unordered, load_split
 from electra_ablate.tracking import runs as tracking
-from electra_ablate.training.finetune_source import FinetuneError
 
 log = logging.getLogger(__name__)
 
