@@ -1,5 +1,5 @@
 """Each fine-tuning run's dev predictions, read from the MLflow artifact fine-tuning logs
-(`predictions/dev_predictions.tsv`, training.finetuning.write_predictions), and whether the run learned
+(`predictions/dev_predictions.tsv`, finetuning.run.write_predictions), and whether the run learned
 anything at all.
 
 A run is *degenerate* when its dev predictions are a single class (classification) or one value (regression:
@@ -24,7 +24,7 @@ import pandas as pd
 from electra_ablate.glue import tasks as glue
 from electra_ablate.report import multibootstrap as mb
 
-PREDICTIONS_ARTIFACT = "predictions/dev_predictions.tsv"  # written by training.finetuning.train_task
+PREDICTIONS_ARTIFACT = "predictions/dev_predictions.tsv"  # written by finetuning.run.train_task
 # Regression predictions whose standard deviation is below this share of the gold scores' are one value:
 # the TSV keeps 6 significant digits, so a collapsed head's round-off lies far below it.
 REGRESSION_SPREAD = 1e-4

@@ -225,7 +225,7 @@ _ABSENT = object()
 
 
 def _setting(key: str) -> str:
-    """The config key a `per_task.<task>.<key>` override sets for one task (training/finetune_tasks.for_task)"""
+    """The config key a `per_task.<task>.<key>` override sets for one task (finetuning/tasks.for_task)"""
     parts = key.split(".")
     return ".".join(parts[2:]) if parts[0] == "per_task" and len(parts) > 2 and parts[1] in glue.TASKS else key
 

@@ -166,7 +166,7 @@ def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey,
 
 
 def finetune_hashes(ctx: SweepContext, checkpoints: Sequence[Checkpoint]) -> dict[tuple[str, str, int], list[str]]:
-    """The config hashes (tracking.identity_hashes of training.finetuning.run_identity: the current one first,
+    """The config hashes (tracking.identity_hashes of finetuning.tasks.run_identity: the current one first,
     then the legacy spellings) a fine-tuning job of the grid may be tagged with, by (checkpoint config name,
     task, seed)."""
     out = {}

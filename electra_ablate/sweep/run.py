@@ -263,7 +263,7 @@ def dry_run_cost(ctx: SweepContext, client, results: Sequence[PhaseResult]) -> s
 def retire_interrupted(client, ctx: SweepContext) -> list[str]:
     """Mark KILLED this sweep's pre-training and fine-tuning runs left RUNNING by a job that a stop ended before
     it could end its run itself (it was killed after the grace period): a run counts when its identity lock
-    (training/pretraining.py, finetuning.py) is free, so runs of processes still alive (another invocation
+    (training/pretraining.py, finetuning/run.py) is free, so runs of processes still alive (another invocation
     sharing the experiment) stay as they are. Such runs are resumed by the next run of the sweep."""
     exp = client.get_experiment_by_name(ctx.experiment)
     if exp is None:
