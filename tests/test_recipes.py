@@ -149,9 +149,10 @@ def test_the_report_puts_the_recipes_side_by_side_and_says_where_a_verdict_diffe
     assert rows[2:4] == ["| bert | `cpu_glue` | 13.0 | 31.0 | 22.0 |", "| bert | `paper_glue` | 13.0 | 75.0 | 44.0 |"]
     claim = next(line for line in section.splitlines() if line.startswith("| ELECTRA beats BERT |"))
     cells = [c.strip() for c in claim.strip("|").split("|")]
-    assert cells[1].startswith("holds, +14.0") and cells[2].startswith("reversed, -3.0")
-    assert cells[3] == "**differs**" and cells[4].startswith("STS-B: +30.0 → -4.0")
-    assert "- ELECTRA beats BERT: differs across recipes (cpu_glue: holds" in section
+    assert cells[1] == "GLUE-2: CoLA, STS-B"
+    assert cells[2].startswith("holds, +14.0") and cells[3].startswith("reversed, -3.0")
+    assert cells[4] == "**differs**" and cells[5].startswith("STS-B: +30.0 → -4.0")
+    assert "- ELECTRA beats BERT, on GLUE-2: CoLA, STS-B: differs across recipes (cpu_glue: holds" in section
     # The report's other sections read the first recipe: its main table is cpu_glue's.
     assert "| 36.0" in text[:text.index("## Under each fine-tuning recipe")]
     # verdicts.json holds each recipe's record and the agreement, and the long run's headline reads them so.
@@ -171,9 +172,10 @@ def test_a_recipe_still_running_is_compared_on_the_tasks_every_recipe_has(tmp_pa
     section = text[text.index("## Under each fine-tuning recipe"):]
     assert "| variant | recipe | CoLA | STS-B | GLUE-2 | GLUE-1 (the tasks all have) |" in section
     assert "| electra | `paper_glue` | 11.0 | – | 11.0 (of 1 task) | 11.0 |" in section
-    assert "the verdicts below are each recipe's on GLUE-1: CoLA, the tasks all have" in section
+    assert "each claim below is judged, under every recipe, on the tasks where its arms have finished runs" in section
     claim = next(line for line in section.splitlines() if line.startswith("| ELECTRA beats BERT |"))
-    assert claim.split("|")[4].strip() == "same"  # on CoLA alone, where both recipes are the same runs
+    cells = [c.strip() for c in claim.strip("|").split("|")]
+    assert cells[1] == "GLUE-1: CoLA" and cells[4] == "same"  # on CoLA alone, where both recipes are the same runs
     assert "`paper_glue` is not complete: 2 line(s) of missing or failed fine-tuning" in section
     record = json.loads((tmp_path / "mini" / "verdicts.json").read_text())
     assert record["recipes"]["paper_glue"]["tasks"] == ["cola"] == record["recipes"]["cpu_glue"]["tasks"]

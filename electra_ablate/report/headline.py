@@ -87,8 +87,9 @@ def protocol_text(record: Mapping | None, link: str = PROTOCOL_REPORT) -> str:
                 each.append(f"**{_short(c['verdict'])}** under `{name}`"
                             + (f", {_difference(c)}" if c.get("estimate") is not None else ""))
         moved = f"; moved most by {a['moved_most']}" if a.get("moved_most") not in (None, "–") else ""
-        said.append(f"{a['claim']}: {'; '.join(each)} ({'the same' if a['same'] else 'not the same'} under both"
-                    f"{moved})")
+        on = next((c["tasks"] for r in recipes.values() for c in r.get("claims") or [] if c["claim"] == a["claim"]), [])
+        said.append(f"{a['claim']}, on {verdicts.glue_label(on)}: {'; '.join(each)} "
+                    f"({'the same' if a['same'] else 'not the same'} under both{moved})")
     return (f"Under the cut recipe and the paper's fine-tuning protocol side by side ([{link}]({link}): the finals "
             f"and random init, 5 seeds each): {'; '.join(parts)}. " + " ".join(s + "." for s in said))
 

@@ -54,13 +54,34 @@ def gather(ctx, client, first: UnderRecipe, paper, waiting) -> list[UnderRecipe]
         results = verdicts.verdicts(ctx.spec, final_scores(data), client, paper, predictions=data.predictions,
                                     waiting=waiting)
         out.append(UnderRecipe(recipe, data, summarize(data), results))
-    common = [t for t in glue.TASKS if all(t in r.summary.tasks for r in out)]
+    every = sorted({a for r in out for a in r.summary.medians.index})
+    common = tasks_of(every, out)
     for r in out:
-        r.common, r.judged = common, r.results
-        if any(set(o.summary.tasks) != set(common) for o in out):
-            final = final_scores(r.data)
-            r.judged = verdicts.verdicts(ctx.spec, final[final["task"].isin(common)], client, paper,
-                                         predictions=r.data.predictions, waiting=waiting)
+        r.common, r.judged = common, _judged(ctx, client, r, out, paper, waiting)
+    return out
+
+
+def tasks_of(arms, runs: Sequence[UnderRecipe]) -> list[str]:
+    """The tasks on which every one of `arms` has a finished run under every recipe, GLUE order."""
+    def has(r: UnderRecipe, arm: str, task: str) -> bool:
+        m = r.summary.medians
+        return arm in m.index and task in m.columns and pd.notna(m.loc[arm, task])
+    return [t for t in glue.TASKS if all(has(r, a, t) for r in runs for a in arms)]
+
+
+def _judged(ctx, client, r: UnderRecipe, runs: Sequence[UnderRecipe], paper, waiting) -> list[verdicts.Verdict]:
+    """Each claim of `r` judged on the tasks its arms have finished under every recipe (the recipes then compare one
+    mean); the report's own verdict where those are all of its tasks."""
+    final, by_tasks, out = final_scores(r.data), {}, []
+    for v in r.results:
+        tasks = tuple(tasks_of(dict.fromkeys(v.claim.better + v.claim.worse), runs))
+        if not tasks or list(tasks) == list(v.tasks):
+            out.append(v)
+            continue
+        if tasks not in by_tasks:
+            by_tasks[tasks] = verdicts.verdicts(ctx.spec, final[final["task"].isin(tasks)], client, paper,
+                                                predictions=r.data.predictions, waiting=waiting)
+        out.append(next(w for w in by_tasks[tasks] if w.claim.text == v.claim.text))
     return out
 
 
@@ -114,6 +135,11 @@ def agreement(runs: Sequence[UnderRecipe]) -> list[tuple[str, list[verdicts.Verd
     return out
 
 
+def _on(each: Sequence[verdicts.Verdict | None]) -> str:
+    tasks = next((w.tasks for w in each if w is not None), ())
+    return verdicts.glue_label(tasks) if tasks else "–"
+
+
 def agreement_lines(runs: Sequence[UnderRecipe]) -> list[str]:
     """One line per claim, for the console and the report's words: agrees or differs across recipes."""
     lines = []
@@ -121,7 +147,7 @@ def agreement_lines(runs: Sequence[UnderRecipe]) -> list[str]:
         where = "; ".join(f"{r.recipe}: {_cell(w)}" for r, w in zip(runs, each))
         word = "the same under every recipe" if same else "differs across recipes"
         moved = _moved_most(each)
-        lines.append(f"{text}: {word} ({where})" + (f"; moved most by {moved}" if moved != "–" else ""))
+        lines.append(f"{text}, on {_on(each)}: {word} ({where})" + (f"; moved most by {moved}" if moved != "–" else ""))
     return lines
 
 
@@ -171,14 +197,15 @@ def section(runs: Sequence[UnderRecipe]) -> list[str]:
         header.append(f"{verdicts.glue_label(runs[0].common).partition(':')[0]} (the tasks all have)")
     out += [table(header, rows), ""]
     if partial:
-        out += [f"Not every recipe has finished runs of every task: the verdicts below are each recipe's on "
-                f"{verdicts.glue_label(runs[0].common)}, the tasks all have, so that each is judged on the same mean; "
-                "the sections above read the first recipe on all of its tasks.", ""]
+        out += ["Not every recipe has finished runs of every task: each claim below is judged, under every recipe, on "
+                "the tasks where its arms have finished runs under all of them (its *on* column), so that the recipes "
+                "are compared on one mean; the sections above read the first recipe on all of its tasks.", ""]
     claim_rows = []
     for text, each, same in agreement(runs):
-        claim_rows.append([text, *(_cell(w) for w in each), "same" if same else "**differs**", _moved_most(each)])
-    out += [table(["claim", *(f"`{r.recipe}`" for r in runs), "across recipes", "task that moves most (Δ first → other)"],
-                  claim_rows), ""]
+        claim_rows.append([text, _on(each), *(_cell(w) for w in each), "same" if same else "**differs**",
+                           _moved_most(each)])
+    out += [table(["claim", "on", *(f"`{r.recipe}`" for r in runs), "across recipes",
+                   "task that moves most (Δ first → other)"], claim_rows), ""]
     out += ["In words:", "", *(f"- {line}" for line in agreement_lines(runs)), ""]
     for r in runs[1:]:
         if r.data.problems:
