@@ -185,7 +185,7 @@ def section(runs: Sequence[UnderRecipe]) -> list[str]:
             med = r.summary.medians.loc[v]
             cells = [f"{med[t]:.1f}" if t in med and pd.notna(med[t]) else "–" for t in tasks]
             glue_score = r.summary.glue.get(v)
-            n = len(r.summary.tasks)
+            n = int(med.notna().sum())  # this arm's tasks under this recipe
             short = f" (of {n} task{'s' if n != 1 else ''})" if n < len(tasks) else ""
             cells.append("–" if glue_score is None else f"{glue_score:.1f}{short}")
             if partial:
