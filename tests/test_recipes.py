@@ -162,7 +162,8 @@ def test_the_report_puts_the_recipes_side_by_side_and_says_where_a_verdict_diffe
     assert agree["verdicts"] == {"cpu_glue": "holds", "paper_glue": "reversed"} and not agree["same"]
     said = headline.protocol_text(record, "reports/mini.md")
     assert "**holds** under `cpu_glue`, +14.0" in said and "**reversed** under `paper_glue`, -3.0" in said
-    assert "(not the same under both; moved most by STS-B: +30.0 → -4.0" in said
+    assert "(not the same verdict; moved most by STS-B: +30.0 → -4.0 (alone: reversed))" in said
+    assert "`cpu_glue` GLUE-2 electra 36.0, bert 22.0; `paper_glue` GLUE-2 bert 44.0, electra 41.0" in said
     assert headline.protocol_text({**record, "recipes": {"cpu_glue": record["recipes"]["cpu_glue"]}}) == ""
 
 

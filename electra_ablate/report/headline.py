@@ -72,12 +72,11 @@ def protocol_text(record: Mapping | None, link: str = PROTOCOL_REPORT) -> str:
     if not record or len(record.get("recipes") or {}) < 2:
         return ""
     recipes = record["recipes"]
-    parts = []
-    for name, r in recipes.items():
-        tasks = r.get("tasks") or []
-        short = (f", {r['missing_or_failed']} grid line(s) missing or failed"
-                 if r.get("missing_or_failed") else "")
-        parts.append(f"`{name}` GLUE-{len(tasks)} ({', '.join(verdicts.glue_task_names(tasks))}{short}): {_glue(r)}")
+    missing = {name: r["missing_or_failed"] for name, r in recipes.items() if r.get("missing_or_failed")}
+    if missing:  # a recipe still running: its means are over other tasks than the first's, so only the verdicts
+        state = "; ".join(f"`{name}` incomplete, {n} grid line(s) missing or failed" for name, n in missing.items())
+    else:
+        state = "; ".join(f"`{name}` GLUE-{len(r.get('tasks') or [])} {_glue(r)}" for name, r in recipes.items())
     said = []
     for a in (record.get("agreement") or [])[:1]:
         each = []
@@ -88,10 +87,10 @@ def protocol_text(record: Mapping | None, link: str = PROTOCOL_REPORT) -> str:
                             + (f", {_difference(c)}" if c.get("estimate") is not None else ""))
         moved = f"; moved most by {a['moved_most']}" if a.get("moved_most") not in (None, "–") else ""
         on = next((c["tasks"] for r in recipes.values() for c in r.get("claims") or [] if c["claim"] == a["claim"]), [])
-        said.append(f"{a['claim']}, on {verdicts.glue_label(on)}: {'; '.join(each)} "
-                    f"({'the same' if a['same'] else 'not the same'} under both{moved})")
-    return (f"Under the cut recipe and the paper's fine-tuning protocol side by side ([{link}]({link}): the finals "
-            f"and random init, 5 seeds each): {'; '.join(parts)}. " + " ".join(s + "." for s in said))
+        said.append(f"{a['claim']}, on {verdicts.glue_label(on)}: {'; '.join(each)}"
+                    f" ({'the same verdict' if a['same'] else 'not the same verdict'}{moved})")
+    return (f"The same finals under the cut recipe and under the paper's fine-tuning protocol ([{link}]({link}); "
+            f"{state}): " + " ".join(s + "." for s in said))
 
 
 def lines(record: Mapping | None, link: str = REPORT, protocol: Mapping | None = None,

@@ -121,7 +121,7 @@ def _moved_most(per_recipe: Sequence[verdicts.Verdict | None]) -> str:
             if abs(delta) > abs(shift):
                 shift = delta
                 best = (f"{_name(t)}: {base.difference.estimate:+.1f} → {tv.difference.estimate:+.1f} "
-                        f"({tv.verdict.replace(' at this scale', '')})")
+                        f"(alone: {tv.verdict.replace(' at this scale', '')})")
     return best or "–"
 
 
