@@ -97,7 +97,7 @@ def _render_into(ctx: SweepContext, client, data: SweepData, summary: Summary, s
             figures["task_curves"] = f"{name}/task_curves.png"
     if pretraining_curves_figure(data, staging / "pretraining_curves.png"):
         figures["pretraining_curves"] = f"{name}/pretraining_curves.png"
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = data.final
     if summary.tasks:
         panels = expected_max.curves(final, summary.seed_glue, summary.tasks)
         titles = {**{t: TASK_NAMES[t] for t in summary.tasks}, "glue": verdicts.glue_label(summary.tasks)}

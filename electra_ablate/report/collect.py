@@ -50,9 +50,19 @@ class SweepData:
     recipe: str | None = None  # the fine-tuning recipe of `scores` where the sweep lists several (spec.recipes)
 
     @property
+    def final(self) -> pd.DataFrame:
+        """The rows of `scores` at each arm's final checkpoint (the ones verdicts and the main table read)."""
+        return final_rows(self.scores)
+
+    @property
     def intermediate(self) -> bool:
         """Whether the sweep fine-tunes checkpoints before the last (the report then shows learning curves)."""
         return has_intermediate(self.checkpoints)
+
+
+def final_rows(scores: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a scores frame at each arm's final checkpoint."""
+    return scores[scores["final"].astype(bool)] if len(scores) else scores
 
 
 def has_intermediate(checkpoints: Sequence[Checkpoint]) -> bool:

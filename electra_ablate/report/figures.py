@@ -31,7 +31,7 @@ def glue_figure(data: SweepData, summary: Summary, path: Path) -> None:
     labels = [v.label for v in spec.variants]
     fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(labels) + 1.5), 3.6))
     paper = load_paper_results()
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = data.final
     for i, v in enumerate(labels):
         seeds = summary.seed_glue[summary.seed_glue["variant"] == v]["glue"].to_numpy()
         mine = final[final["variant"] == v] if len(final) else final

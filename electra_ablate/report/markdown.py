@@ -170,7 +170,7 @@ def skipped_note(data: SweepData) -> str:
 
 def final_health(data: SweepData, tasks: Sequence[str]) -> dict[str, dict[str, pr.Count]]:
     """Variant -> task -> degenerate runs among its final-checkpoint runs."""
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = data.final
     return {v.label: pr.counts(final, v.label, tasks) for v in data.ctx.spec.variants}
 
 

@@ -35,10 +35,6 @@ class UnderRecipe:
     common: list[str] = field(default_factory=list)
 
 
-def final_scores(data: SweepData) -> pd.DataFrame:
-    return data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
-
-
 def under(data: SweepData, summary: Summary, results: list) -> UnderRecipe:
     return UnderRecipe(data.recipe or "", data, summary, results)
 
@@ -51,7 +47,7 @@ def gather(ctx, client, first: UnderRecipe, paper, waiting) -> list[UnderRecipe]
     out = [first]
     for recipe in ctx.spec.recipes[1:]:
         data = collect(ctx, client, recipe)
-        results = verdicts.verdicts(ctx.spec, final_scores(data), client, paper, predictions=data.predictions,
+        results = verdicts.verdicts(ctx.spec, data.final, client, paper, predictions=data.predictions,
                                     waiting=waiting)
         out.append(UnderRecipe(recipe, data, summarize(data), results))
     every = sorted({a for r in out for a in r.summary.medians.index})
@@ -72,7 +68,7 @@ def tasks_of(arms, runs: Sequence[UnderRecipe]) -> list[str]:
 def _judged(ctx, client, r: UnderRecipe, runs: Sequence[UnderRecipe], paper, waiting) -> list[verdicts.Verdict]:
     """Each claim of `r` judged on the tasks its arms have finished under every recipe (the recipes then compare one
     mean); the report's own verdict where those are all of its tasks."""
-    final, by_tasks, out = final_scores(r.data), {}, []
+    final, by_tasks, out = r.data.final, {}, []
     for v in r.results:
         tasks = tuple(tasks_of(dict.fromkeys(v.claim.better + v.claim.worse), runs))
         if not tasks or list(tasks) == list(v.tasks):
@@ -212,7 +208,7 @@ def section(runs: Sequence[UnderRecipe]) -> list[str]:
             out += [f"`{r.recipe}` is not complete: {len(r.data.problems)} line(s) of missing or failed fine-tuning "
                     f"(its scores and verdicts cover the runs that finished), the first: {r.data.problems[0]}.", ""]
     for r in runs[1:]:
-        settings = recipe_lines(final_scores(r.data), r.data.frame)
+        settings = recipe_lines(r.data.final, r.data.frame)
         if settings:
             out += [f"### The `{r.recipe}` recipe's settings", "", *settings[1:]]
     return out

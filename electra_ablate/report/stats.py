@@ -14,7 +14,7 @@ import pandas as pd
 
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.metrics import glue_score
-from electra_ablate.report.collect import SweepData, is_missing
+from electra_ablate.report.collect import SweepData, final_rows, is_missing
 
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -111,7 +111,7 @@ class Summary:
 
 def summarize(data: SweepData) -> Summary:
     spec = data.ctx.spec
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = final_rows(data.scores)
     present = set(final["task"]) if len(final) else set()
     tasks = [t for t in glue.TASKS if t in present and t in spec.tasks]
     stats = task_stats(final) if len(final) else pd.DataFrame()
@@ -196,7 +196,7 @@ def _random_init_runs(data: SweepData) -> dict[str, pd.DataFrame]:
     """Per random-init variant (`random_init_of`): its final-checkpoint runs, when they cover every task of
     `curve_tasks` (else its GLUE-k is not there yet)."""
     labels = [v.label for v in data.ctx.spec.variants if v.random_init_of is not None]
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = final_rows(data.scores)
     tasks = set(curve_tasks(data))
     out = {}
     for label in labels:
@@ -294,7 +294,7 @@ def _point(r: pd.Series) -> dict:
 def generator_size_points(data: SweepData) -> pd.DataFrame:
     """Per variant: discriminator hidden size, generator hidden size (None for unigram/uniform), generator
     kind, and the per-seed GLUE scores, from the pre-training runs' tags."""
-    final = data.scores[data.scores["final"].astype(bool)] if len(data.scores) else data.scores
+    final = final_rows(data.scores)
     tasks = [t for t in glue.TASKS if t in set(final["task"])] if len(final) else []
     seed_glue = per_seed_glue(final, tasks) if tasks else pd.DataFrame(columns=["variant", "glue"])
     rows = []
