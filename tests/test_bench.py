@@ -390,11 +390,18 @@ def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_pa
             "--out", str(out), "--sections", "profile", "--threads", "1", "--override", "data.batch_size=4",
             *[x for o in TINY for x in ("--override", o)], "--override", "model.max_position_embeddings=128"]
     rep = cli.main(argv)
-    assert [r["objective"] for r in rep.profile] == ["bert", "electra"]
-    for r in rep.profile:
+    assert [r["objective"] for r in rep.profile] == ["bert", "electra", "fine-tuning (SST2, batch 32)"]
+    for r in rep.profile[:2]:
         assert r["families"][prof.HEAD] > 0 and r["families"]["matmuls (projections, feed-forward)"] > 0
         assert r["families"]["optimizer and clipping"] > 0 and "dropout" not in r["families"]  # the preset has none
-    assert "## Where a step's time goes, by operation family" in out.read_text()
+    tuning = rep.profile[2]  # the preset's discriminator: no vocabulary head, a classifier's dropout
+    assert prof.HEAD not in tuning["families"] and tuning["families"]["matmuls (projections, feed-forward)"] > 0
+    for r in rep.profile:  # timed without the profiler too, with the faults of both
+        assert r["step_s"] > 0 and r["faults_per_step"] >= 0 and r["profiled_faults_per_step"] >= 0
+    text = out.read_text()
+    assert "## Where a step's time goes, by operation family" in text
+    assert f"`cpu_regime_30k` fine-tuning (SST2, batch 32) ({tuning['precision']})" in text
+    assert "without the profiler" in text
     # A vocabulary-sized operand makes an operation the head's, whatever its name.
     assert prof.family("aten::mm", [[512, 128], [128, 30522]], 30522) == prof.HEAD
     assert prof.family("aten::_to_copy", [[30522, 128]], 30522) == prof.HEAD  # the head's weight cast to bf16

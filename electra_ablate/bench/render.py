@@ -230,11 +230,17 @@ def _profile(rep: Report) -> list[str]:
          f"precision, in the benchmark's own process (freed memory kept), {s.warmup} warm-up and {s.piece_reps} "
          f"profiled steps, {s.threads} thread(s): each operation's own (self) CPU time, summed by family "
          "(electra_ablate/bench/sections_profile.py: an operation on a vocabulary-sized tensor is the head's, "
-         "whatever its name; the rest by the operation's name), per step. The profiler's own overhead is in it.", ""]
+         "whatever its name; the rest by the operation's name), per step. The profiler's own overhead is in it, and "
+         "its records, allocated between the step's tensors, fragment the heap: the minor faults beside each "
+         "profile, against the same steps timed without the profiler, say how much of the head's fill and copy that "
+         "adds.", ""]
     for r in rep.profile:
         total = sum(r["families"].values())
-        L += [f"`{r['preset']}` {r['objective']} ({r['vocab']} pieces, {r['precision']}): {total:.3f} s per step",
-              "", "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
+        timed = (f"; without the profiler {r['step_s']:.3f} s a step and {r['faults_per_step']:.0f} minor faults a step, "
+                 f"under it {r['profiled_faults_per_step']:.0f}" if "step_s" in r else "")
+        pieces = f"{r['vocab']} pieces, " if r["vocab"] > 0 else ""
+        L += [f"`{r['preset']}` {r['objective']} ({pieces}{r['precision']}): {total:.3f} s of operations "
+              f"per step{timed}", "", "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
         L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% | "
               + ", ".join(f"`{op}` {s_op:.3f}" for op, s_op in r["largest"][name]) + " |"
               for name, sec in r["families"].items()]

@@ -52,6 +52,24 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
             padded = sum(len(ix) * int(lengths[ix].max()) for ix in batches_of)
             rep.finetune_padding.append({"task": task_name.upper(), "batching": label, "examples": len(lengths),
                                          "real_tokens": int(lengths.sum()), "padded_tokens": padded})
+    batches = finetune_batches(s, cfg, examples, task, batch_size, n_batches)
+    disc_cfg, _ = encoder_configs(cfg, load_data(cfg, s.device, 1))
+    steps, meta = {}, {}
+    for p, (label, on) in ((p, v) for p in s.precisions for v in (("fast dropout", True), ("torch dropout", False))):
+        steps[f"{p}|{label}"] = finetune_step(s, compose_config(s, model, f"runtime.precision={p}"), disc_cfg, task,
+                                             batches, on)
+        meta[f"{p}|{label}"] = (p, label)
+    timed, _ = interleaved(steps, len(batches), 1, s.piece_reps, s.device)
+    mean_len = statistics.mean(bt["input_ids"].shape[1] for bt in batches)
+    for key, (p, label) in meta.items():
+        rep.finetune.append({"model": model, "task": task_name.upper(), "precision": p, "variant": label,
+                             "batch": batch_size, "padded_len": mean_len, "step_s": median(timed[key]),
+                             "examples_per_s": batch_size / median(timed[key])})
+    log(f"finetune {model}: " + ", ".join(f"{k} {batch_size / median(v):.1f} ex/s" for k, v in timed.items()))
+
+
+def finetune_batches(s: Settings, cfg, examples: list, task, batch_size: int, n_batches: int) -> list[dict]:
+    """`n_batches` training batches of a fixed random draw of `examples`, featurized as fine-tuning does."""
     order = np.random.default_rng(0).permutation(len(examples))[: batch_size * n_batches]
     features = featurize([examples[i] for i in order], load_tokenizer(cfg.data.vocab_file, True), 128,
                          task.is_regression)
@@ -62,37 +80,32 @@ def section_finetune(s: Settings, rep: Report, model: str, task_name: str = "sst
             a, e = features.offsets[i], features.offsets[i + 1]
             items.append((features.input_ids[a:e], features.token_type_ids[a:e], features.labels[i], i))
         batches.append({k: v.to(s.device) for k, v in collate(items).items()})
-    disc_cfg, _ = encoder_configs(cfg, load_data(cfg, s.device, 1))
+    return batches
+
+
+def finetune_step(s: Settings, pcfg, disc_cfg, task, batches: list[dict], fast_dropout: bool = True,
+                  pooling: str = "cls"):
+    """One fine-tuning step on batch i as `step(i)`: FinetuneSystem's forward and loss under `pcfg`'s precision,
+    backward, clipping, AdamW with the reference's layer-wise learning rates."""
     optim = OptimSettings(lr=1e-4, layerwise_lr_decay=0.8, reference_off_by_one=True, betas=(0.9, 0.999), eps=1e-6,
                           weight_decay=0.01, warmup_fraction=0.1)
-    steps, meta = {}, {}
-    for p, (label, on) in ((p, v) for p in s.precisions for v in (("fast dropout", True), ("torch dropout", False))):
-        pcfg = compose_config(s, model, f"runtime.precision={p}")
-        system = FinetuneSystem(ElectraModel(disc_cfg), task, optim, {}).to(s.device)
-        fast.set_fast_dropout(system, on)
-        system.train()
-        groups = layerwise_param_groups([(n, p) for n, p in system.named_parameters()], optim.lr,
-                                        optim.layerwise_lr_decay, disc_cfg.num_hidden_layers, True, optim.weight_decay)
-        opt = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
+    system = FinetuneSystem(ElectraModel(disc_cfg), task, optim, {}, pooling=pooling).to(s.device)
+    fast.set_fast_dropout(system, fast_dropout)
+    system.train()
+    groups = layerwise_param_groups([(n, p) for n, p in system.named_parameters()], optim.lr,
+                                    optim.layerwise_lr_decay, disc_cfg.num_hidden_layers, True, optim.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas, eps=optim.eps)
 
-        def step(i, system=system, opt=opt, pcfg=pcfg):
-            bt = batches[i]
-            with autocast(pcfg, s.device):
-                loss = system.loss(system(bt["input_ids"], bt["attention_mask"], bt["token_type_ids"]), bt["labels"])
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(system.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    def step(i):
+        bt = batches[i % len(batches)]
+        with autocast(pcfg, s.device):
+            loss = system.loss(system(bt["input_ids"], bt["attention_mask"], bt["token_type_ids"]), bt["labels"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(system.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
-        steps[f"{p}|{label}"] = step
-        meta[f"{p}|{label}"] = (p, label)
-    timed, _ = interleaved(steps, len(batches), 1, s.piece_reps, s.device)
-    mean_len = statistics.mean(bt["input_ids"].shape[1] for bt in batches)
-    for key, (p, label) in meta.items():
-        rep.finetune.append({"model": model, "task": task_name.upper(), "precision": p, "variant": label,
-                             "batch": batch_size, "padded_len": mean_len, "step_s": median(timed[key]),
-                             "examples_per_s": batch_size / median(timed[key])})
-    log(f"finetune {model}: " + ", ".join(f"{k} {batch_size / median(v):.1f} ex/s" for k, v in timed.items()))
+    return step
 
 
 def section_data(s: Settings, rep: Report, model: str) -> None:

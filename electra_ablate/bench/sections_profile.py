@@ -1,18 +1,28 @@
-"""Where a `cpu_regime_30k` step's time goes (section `profile`): BERT's and ELECTRA's step at the preset's shape,
-in this process (freed memory kept, as every entry point keeps it), under torch.profiler, each operation's own
-(self) CPU time summed by family: matmuls, the 30,522-way head, attention, layer norm, elementwise, dropout, the
-optimizer and clipping, the embeddings' lookup and gradient, autocast's casts (of tensors other than the head's),
-and what runs outside operations.
+"""Where a `cpu_regime_30k` step's time goes (section `profile`): BERT's and ELECTRA's pre-training step at the
+preset's shape, and a fine-tuning step of its discriminator (SST-2, batch 32, mean pooling as the CPU recipes), in
+this process (freed memory kept, as every entry point keeps it), under torch.profiler, each operation's own (self)
+CPU time summed by family: matmuls, the 30,522-way head, attention, layer norm, elementwise, dropout, the optimizer
+and clipping, the embeddings' lookup and gradient, autocast's casts (of tensors other than the head's), and what
+runs outside operations. Beside it, the same steps timed without the profiler, with their minor faults: the
+profiler's own records are allocated between a step's tensors, so under it the heap fragments and the step faults
+again where it does not without it (the fill and copy of the head's tensors then cost more than they do).
 """
 
 from __future__ import annotations
 
+import resource
+import time
+from collections.abc import Callable
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, load_data
+from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, encoder_configs, load_data
+from electra_ablate.bench.sections_pipeline import finetune_batches, finetune_step
 from electra_ablate.bench.settings import Report, Settings, log
 from electra_ablate.common import precision as precision_lib
+from electra_ablate.glue.readers import read_tsv
+from electra_ablate.glue.tasks import get_task
 
 PRESET = "cpu_regime_30k"
 OBJECTIVES = ("bert", "electra")
@@ -49,36 +59,64 @@ def family(name: str, shapes: list, vocab: int) -> str:
     return next((f for f, words in FAMILIES[2:] if any(w in lowered for w in words)), ELEMENTWISE)
 
 
+def _faults_and_seconds(step: Callable[[int], object], steps: int) -> tuple[float, float]:
+    """(minor faults, seconds) per step over `steps` calls of `step(i)` (getrusage: this process)."""
+    before, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    for i in range(steps):
+        step(i)
+    seconds = (time.perf_counter() - t0) / steps
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps, seconds
+
+
+def profile_row(s: Settings, what: str, step: Callable[[int], object], vocab: int, steps: int) -> dict:
+    """`step` warmed up, timed without the profiler, then profiled: seconds by family and the largest operations."""
+    for i in range(s.warmup):
+        step(i)
+    faults, seconds = _faults_and_seconds(step, steps)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        profiled_faults, _ = _faults_and_seconds(step, steps)
+    by_family: dict[str, float] = {}
+    by_op: dict[tuple[str, str], float] = {}  # (family, operation) -> s/step
+    for event in prof.key_averages(group_by_input_shape=True):
+        key, sec = family(event.key, event.input_shapes or [], vocab), event.self_cpu_time_total / 1e6 / steps
+        by_family[key] = by_family.get(key, 0.0) + sec
+        by_op[(key, event.key)] = by_op.get((key, event.key), 0.0) + sec
+    largest = {f: [(op, sec) for (g, op), sec in sorted(by_op.items(), key=lambda kv: -kv[1]) if g == f][:3]
+               for f in by_family}
+    return {"objective": what, "preset": PRESET, "vocab": vocab, "steps": steps, "step_s": seconds,
+            "faults_per_step": faults, "profiled_faults_per_step": profiled_faults,
+            "families": dict(sorted(by_family.items(), key=lambda kv: -kv[1])), "largest": largest}
+
+
 def profile_step(s: Settings, objective: str, steps: int) -> dict:
     cfg = compose_config(s, "tiny", f"experiment={PRESET}", f"objective={objective}", keep_shape=True)
     data = load_data(cfg, s.device, 3)
     runner = OursRunner(cfg, data, s.device, FastPath.from_runtime(cfg, s.device))
-    vocab = runner.system.model.config.vocab_size
-    for i in range(s.warmup):
-        runner.step([data.batches[i % 3]])
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for i in range(steps):
-            runner.step([data.batches[i % 3]])
-    by_family: dict[str, float] = {}
-    by_op: dict[tuple[str, str], float] = {}  # (family, operation) -> s/step
-    for event in prof.key_averages(group_by_input_shape=True):
-        key, seconds = family(event.key, event.input_shapes or [], vocab), event.self_cpu_time_total / 1e6 / steps
-        by_family[key] = by_family.get(key, 0.0) + seconds
-        by_op[(key, event.key)] = by_op.get((key, event.key), 0.0) + seconds
-    largest = {f: [(op, sec) for (g, op), sec in sorted(by_op.items(), key=lambda kv: -kv[1]) if g == f][:3]
-               for f in by_family}
-    return {"objective": objective, "preset": PRESET, "vocab": vocab, "steps": steps,
-            "precision": precision_lib.resolve(cfg.runtime.precision, s.device.type),
-            "families": dict(sorted(by_family.items(), key=lambda kv: -kv[1])), "largest": largest}
+    row = profile_row(s, objective, lambda i: runner.step([data.batches[i % 3]]),
+                      runner.system.model.config.vocab_size, steps)
+    return {**row, "precision": precision_lib.resolve(cfg.runtime.precision, s.device.type)}
+
+
+def profile_finetune(s: Settings, steps: int, task_name: str = "sst2", batch_size: int = 32) -> dict:
+    """The fine-tuning step of the preset's discriminator on `task_name`, as the CPU recipes run it."""
+    cfg = compose_config(s, "tiny", f"experiment={PRESET}", keep_shape=True)
+    task = get_task(task_name)
+    batches = finetune_batches(s, cfg, read_tsv(task, s.data_dir / "glue", "train"), task, batch_size, 3)
+    disc_cfg, _ = encoder_configs(cfg, load_data(cfg, s.device, 1))
+    step = finetune_step(s, cfg, disc_cfg, task, batches, pooling="mean")
+    # No vocabulary head here: the embedding table's updates are the optimizer's or elementwise, by their names.
+    row = profile_row(s, f"fine-tuning ({task_name.upper()}, batch {batch_size})", step, -1, steps)
+    return {**row, "precision": precision_lib.resolve(cfg.runtime.precision, s.device.type)}
 
 
 def section_profile(s: Settings, rep: Report) -> None:
     previous = torch.get_num_threads()
     torch.set_num_threads(s.threads)
     try:
-        for objective in OBJECTIVES:
-            row = profile_step(s, objective, s.piece_reps)
+        rows = [profile_step(s, objective, s.piece_reps) for objective in OBJECTIVES]
+        for row in [*rows, profile_finetune(s, s.piece_reps)]:
             rep.profile.append(row)
-            log(f"profile {PRESET} {objective}: {sum(row['families'].values()):.3f} s of operations per step")
+            log(f"profile {PRESET} {row['objective']}: {row['step_s']:.3f} s a step, "
+                f"{sum(row['families'].values()):.3f} s of operations under the profiler")
     finally:
         torch.set_num_threads(previous)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives import positions as slots
-from electra_ablate.objectives.base import Batch, Objective, ObjectiveOutput, copy_split_sums, mlm_loss, ratio
+from electra_ablate.objectives.base import (
+    Batch, Objective, ObjectiveOutput, copy_split_sums, fp32_scores, mlm_loss, ratio,
+)
 
 
 class Bert(Objective):
@@ -20,7 +22,7 @@ class Bert(Objective):
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         masked = self.mask(batch)
         hidden = nets.model(masked.input_ids, batch.attention_mask, batch.token_type_ids)
-        logits = self.slot_logits(nets.model.mlm_logits, hidden, masked)  # (B x N, V): prediction slots only
+        logits = fp32_scores(self.slot_logits(nets.model.mlm_logits, hidden, masked))  # (B x N, V): slots only
         targets, weights = slots.flat(masked.targets), slots.flat(masked.positions.weights)
         loss = mlm_loss(logits, targets, weights)
         hits = logits.detach().argmax(-1) == targets  # (B x N,)

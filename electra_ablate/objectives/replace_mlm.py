@@ -10,7 +10,9 @@ from __future__ import annotations
 from electra_ablate.models.encoder import Networks
 from electra_ablate.models.flops import MASKED_FRACTION, Heads
 from electra_ablate.objectives import positions as slots
-from electra_ablate.objectives.base import Batch, GeneratorObjective, ObjectiveOutput, mlm_loss, ratio
+from electra_ablate.objectives.base import (
+    Batch, GeneratorObjective, ObjectiveOutput, fp32_scores, mlm_loss, ratio,
+)
 
 
 class ReplaceMLM(GeneratorObjective):
@@ -21,7 +23,7 @@ class ReplaceMLM(GeneratorObjective):
     def forward(self, batch: Batch, nets: Networks) -> ObjectiveOutput:
         fake = self.corrupt(batch, nets.generator)
         hidden = nets.model(fake.input_ids, batch.attention_mask, batch.token_type_ids)
-        logits = self.slot_logits(nets.model.mlm_logits, hidden, fake.masked)  # (B x N, V)
+        logits = fp32_scores(self.slot_logits(nets.model.mlm_logits, hidden, fake.masked))  # (B x N, V)
         targets, weights = slots.flat(fake.masked.targets), slots.flat(fake.masked.positions.weights)
         model_loss = mlm_loss(logits, targets, weights)
         loss = model_loss if fake.gen_loss is None else model_loss + self.gen_weight * fake.gen_loss
