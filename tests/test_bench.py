@@ -396,12 +396,21 @@ def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_pa
         assert r["families"]["optimizer and clipping"] > 0 and "dropout" not in r["families"]  # the preset has none
     tuning = rep.profile[2]  # the preset's discriminator: no vocabulary head, a classifier's dropout
     assert prof.HEAD not in tuning["families"] and tuning["families"]["matmuls (projections, feed-forward)"] > 0
-    for r in rep.profile:  # timed without the profiler too, with the faults of both
-        assert r["step_s"] > 0 and r["faults_per_step"] >= 0 and r["profiled_faults_per_step"] >= 0
+    for r in rep.profile:  # as it runs and kernel by kernel, each with its faults; the kernels within the step
+        assert r["step_s"] > 0 and r["faults_per_step"] >= 0 and r["timed_faults_per_step"] >= 0
+        assert sum(r["families"].values()) == pytest.approx(r["timed_step_s"], rel=1e-6)
     text = out.read_text()
     assert "## Where a step's time goes, by operation family" in text
     assert f"`cpu_regime_30k` fine-tuning (SST2, batch 32) ({tuning['precision']})" in text
-    assert "without the profiler" in text
+    assert "timed kernel by kernel" in text
+    # A kernel is charged its own time: what it dispatches inside is its callee's.
+    timer = prof.OpTimer()
+    x = torch.randn(64, 300, requires_grad=True)
+    with timer:
+        torch.nn.functional.cross_entropy(x, torch.zeros(64, dtype=torch.long)).backward()
+    names = {name for name, _ in timer.seconds}
+    assert {"aten::_log_softmax", "aten::_log_softmax_backward_data"} <= names
+    assert all(sec >= 0 for sec in timer.seconds.values())
     # A vocabulary-sized operand makes an operation the head's, whatever its name.
     assert prof.family("aten::mm", [[512, 128], [128, 30522]], 30522) == prof.HEAD
     assert prof.family("aten::_to_copy", [[30522, 128]], 30522) == prof.HEAD  # the head's weight cast to bf16

@@ -221,26 +221,25 @@ def _allocator(rep: Report) -> list[str]:
 
 
 def _profile(rep: Report) -> list[str]:
-    """Each profiled step's operations' own CPU time by family, in seconds per step and as a share."""
+    """Each profiled step's kernels' own time by family, in seconds per step and as a share."""
     if not rep.profile:
         return []
     s = rep.settings
     L = ["## Where a step's time goes, by operation family", "",
-         "torch.profiler over the step of a preset (conf/experiment/) at its own shape and the runtime default "
-         f"precision, in the benchmark's own process (freed memory kept), {s.warmup} warm-up and {s.piece_reps} "
-         f"profiled steps, {s.threads} thread(s): each operation's own (self) CPU time, summed by family "
-         "(electra_ablate/bench/sections_profile.py: an operation on a vocabulary-sized tensor is the head's, "
-         "whatever its name; the rest by the operation's name), per step. The profiler's own overhead is in it, and "
-         "its records, allocated between the step's tensors, fragment the heap: the minor faults beside each "
-         "profile, against the same steps timed without the profiler, say how much of the head's fill and copy that "
-         "adds.", ""]
+         "Each step of a preset (conf/experiment/) at its own shape and the runtime default precision, in the "
+         f"benchmark's own process (freed memory kept), {s.warmup} warm-up steps, then {s.piece_reps} steps timed as "
+         f"they run and {s.piece_reps} timed kernel by kernel, {s.threads} thread(s): each kernel's own time where it "
+         "is dispatched, forward and backward, summed by family (electra_ablate/bench/sections_profile.py: an "
+         "operation on a vocabulary-sized tensor is the head's, whatever its name; the rest by the operation's name; "
+         "outside operations = the step's time less its kernels'), per step. Not torch.profiler: its records, "
+         "allocated between the step's tensors, fragment the heap, and a 30k step under it faults again.", ""]
     for r in rep.profile:
         total = sum(r["families"].values())
-        timed = (f"; without the profiler {r['step_s']:.3f} s a step and {r['faults_per_step']:.0f} minor faults a step, "
-                 f"under it {r['profiled_faults_per_step']:.0f}" if "step_s" in r else "")
         pieces = f"{r['vocab']} pieces, " if r["vocab"] > 0 else ""
-        L += [f"`{r['preset']}` {r['objective']} ({pieces}{r['precision']}): {total:.3f} s of operations "
-              f"per step{timed}", "", "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
+        L += [f"`{r['preset']}` {r['objective']} ({pieces}{r['precision']}): {r['step_s']:.3f} s a step and "
+              f"{r['faults_per_step']:.0f} minor faults a step as it runs; {r['timed_step_s']:.3f} s and "
+              f"{r['timed_faults_per_step']:.0f} timed kernel by kernel", "",
+              "| family | s/step | share | its largest operations (s/step) |", "|---|---|---|---|"]
         L += [f"| {name} | {sec:.3f} | {100 * sec / total:.0f}% | "
               + ", ".join(f"`{op}` {s_op:.3f}" for op, s_op in r["largest"][name]) + " |"
               for name, sec in r["families"].items()]
