@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from electra_ablate.bench.builds import FastPath, OursRunner, compose_config, encoder_configs, load_data
 from electra_ablate.bench.sections_pipeline import finetune_batches, finetune_step
@@ -80,10 +79,22 @@ class OpTimer(TorchDispatchMode):
         elapsed = time.perf_counter() - t0
         inner = self._inner.pop()
         self._inner[-1] += elapsed
-        shapes = tuple(tuple(a.shape) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor))
-        key = (func._schema.name, shapes)
-        self.seconds[key] = self.seconds.get(key, 0.0) + elapsed - inner
+        name = func._schema.name
+        if not name.startswith("profiler::"):  # record_function's markers: no work of their own
+            key = (name, _shapes(args))
+            self.seconds[key] = self.seconds.get(key, 0.0) + elapsed - inner
         return out
+
+
+def _shapes(args) -> tuple:
+    """The shapes of the tensor operands (a list's first tensor for a list of them: foreach and cat)."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            out.append(tuple(a.shape))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            out.append(tuple(a[0].shape))
+    return tuple(out)
 
 
 def _faults_and_seconds(step: Callable[[int], object], steps: int) -> tuple[float, float]:
