@@ -417,6 +417,13 @@ COMMANDS: dict[str, Smoke | Skip] = {
              "tests/test_allocator.py pre-trains with and without the setting at test size"),
     "python -m electra_ablate.bench --models tiny --sections presets --out reports/benchmarks_presets.md":
         Skip("times the presets on the real corpus (minutes); tests/test_bench.py runs the section at test sizes"),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.bench --models tiny --sections profile --warmup 2 --piece-reps 3 "
+     "--threads 1 --out reports/benchmarks_profile.md"):
+        Skip("times the 30k preset's steps kernel by kernel on the real corpus (minutes); tests/test_bench.py runs the "
+             "section at test sizes"),
+    "python -m electra_ablate.bench --models tiny --sections pretrain,capture --out reports/benchmarks_peak.md":
+        Skip("times ours against transformers and compiles the whole step on the real corpus (minutes); "
+             "tests/test_bench.py runs the pretrain section at test sizes, the GPU check's smoke run the capture one"),
     # README: the paper's sweeps on GPUs and clusters
     "python -m electra_ablate.sweep sweep=table5_efficiency scale=base hydra/launcher=joblib_gpu hydra.launcher.n_jobs=8":
         Skip(GPU + " (8, one job per GPU)"),
