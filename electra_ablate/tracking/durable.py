@@ -86,12 +86,13 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def filesystem(url: str):
-    """(fsspec filesystem, path) of `url`, or DurableStoreError naming the key and the fix."""
+def filesystem(url: str, fresh: bool = False):
+    """(fsspec filesystem, path) of `url`, or DurableStoreError naming the key and the fix; `fresh`: a new client,
+    not one fsspec cached with the credentials of before."""
     import fsspec
 
     try:
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **({"skip_instance_cache": True} if fresh else {}))
     except ImportError as error:
         raise DurableStoreError(f"{KEY}={url} needs the package {error.name or 'of its scheme'}: install it with "
                                 "pip install 'electra-ablate[durable]' (s3fs for s3://)") from None
@@ -127,7 +128,7 @@ def check(settings: Settings) -> None:
     problems = settings.problems()
     if problems:
         raise DurableStoreError("; ".join(problems))
-    fs, root = filesystem(settings.root)
+    fs, root = filesystem(settings.root, fresh=True)
     probe = f"{root}/.probe-{socket.gethostname()}-{os.getpid()}"
     try:
         if is_local(fs):  # a mounted file system: the folder above the root must exist (a typo makes no tree)
@@ -142,6 +143,12 @@ def check(settings: Settings) -> None:
         raise
     except Exception as error:  # noqa: BLE001 - every client error is a store that cannot be used: say which
         raise DurableStoreError(_what_is_wrong(settings.root, error)) from None
+
+
+def whole_locally(path: Path, step: int | None = None) -> str:
+    """The end of a failed upload's line: what is safe, and how to go on."""
+    what = f"the checkpoint of step {step} at {path}" if step is not None else str(path)
+    return f"; {what} is whole on the local disk: bring the store back and run the same command to resume"
 
 
 class RunArea:
@@ -172,7 +179,7 @@ class RunArea:
                 cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 if spent + wait > self.settings.retry_s:
                     raise DurableStoreError(
-                        f"the durable store {self.url} ({KEY}) did not take {what} in {tries} tries over {spent:.0f} s "
+                        f"the durable store {self.url} ({KEY}) failed {what} in {tries} tries over {spent:.0f} s "
                         f"({cause}){after}") from None
                 log.warning("durable store %s: %s failed (%s); trying again in %.0f s", self.url, what, cause, wait)
                 time.sleep(wait)
@@ -208,7 +215,7 @@ class RunArea:
         pointer; then drop what is past the newest `keep`."""
         name = f"checkpoints/step-{step:010d}.ckpt"
         digest, size = sha256_of(local), local.stat().st_size
-        after = f"; the local checkpoint {local} is whole: bring the store back and run the same command to resume"
+        after = whole_locally(local, step)
 
         def upload() -> None:
             if is_local(self.fs):
@@ -221,7 +228,7 @@ class RunArea:
                 "step": step, "object": name, "sha256": digest, "bytes": size, "mlflow_run_id": run_id,
                 "host": socket.gethostname(), "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode())
 
-        self.retried(f"checkpoint step {step}", upload, after)
+        self.retried(f"uploading checkpoint step {step}", upload, after)
         self.retried("removing old checkpoints", lambda: self._prune(step), after)
         log.info("checkpoint of step %d uploaded to %s/%s", step, self.url, name)
 
@@ -301,9 +308,8 @@ class RunArea:
                 self.fs.put_file(str(path), f"{target}/{rel}")
             self._put_whole(f"pretrained/{name}.json", manifest)
 
-        self.retried(f"the exported network {name}", upload,
-                     f"; the export {local} is whole: bring the store back and run the same command")
-        log.info("exported network %s uploaded to %s", name, target)
+        self.retried(f"uploading the exported network {name}", upload, whole_locally(local))
+        log.info("exported network %s uploaded to %s/pretrained/%s", name, self.url, name)
 
     def download_dirs(self, dest: Path, wanted: Callable[[str], bool]) -> dict[str, tuple[int, Path]]:
         """Each exported directory of the store that `wanted(name)` and whose manifest is whole, put at

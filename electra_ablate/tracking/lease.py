@@ -120,7 +120,7 @@ class Lease:
             raise LeaseHeld(f"{self.what} was taken by another job at the same moment: {self.owner(held)}")
         self._due = self.clock() + self.ttl / 4
 
-    def renew(self, force: bool = False) -> None:
+    def renew(self, force: bool = False, after: str = "") -> None:
         """Write the lease again when a quarter of its lifetime has passed (or `force`); a lease another job took
         over (this one was paused past its expiry) stops this job before it writes anything more."""
         if not force and self.clock() < self._due:
@@ -134,7 +134,7 @@ class Lease:
                                         "so that two jobs never write the same run; its local checkpoint is whole")
             self.area.fs.pipe_file(self.path, self._record())
 
-        self.area.retried("renewing the run's lease", renewal)
+        self.area.retried("renewing the run's lease", renewal, after)
         self._due = self.clock() + self.ttl / 4
 
     def release(self) -> None:

@@ -70,7 +70,7 @@ class DurableRun:
         return step
 
     def checkpoint_saved(self, path: Path, step: int) -> None:
-        self.lease.renew(force=True)
+        self.lease.renew(force=True, after=durable.whole_locally(path, step))
         self.area.upload_checkpoint(path, step, self.run_id)
 
     def exported(self, path: Path, step: int) -> None:
