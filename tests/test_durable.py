@@ -172,11 +172,13 @@ def test_a_bad_durable_root_is_refused_with_the_key_and_the_fix(root, says):
     assert f"paths.durable_root={root}" in str(refused.value)
 
 
-def test_the_durable_root_stays_out_of_the_run_identity(tmp_path, pretrain_cfg):
+def test_the_durable_root_stays_out_of_the_run_identity(tmp_path, pretrain_cfg, monkeypatch):
     plain = pretrain_cfg(tmp_path)
     durable_cfg = pretrain_cfg(tmp_path, "paths.durable_root=s3://bucket/prefix", "paths.durable_keep=5")
     assert plain.paths.durable_root is None and Settings.of(plain.paths) is None
     assert runs.identity_hashes(plain) == runs.identity_hashes(durable_cfg)
+    monkeypatch.setenv("ELECTRA_ABLATE_DURABLE_ROOT", "s3://team/electra")  # every job of a sweep, on any launcher
+    assert Settings.of(pretrain_cfg(tmp_path).paths) == Settings("s3://team/electra")
 
 
 COMMON = ["objective=electra", "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=8",
