@@ -21,6 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from s3_server import Seaweed, weed_binary
+from team_server import Postgres, TeamMlflow, pg_bin
 from test_reliability import history, pretrain_command
 
 from electra_ablate.tracking import runs as tracking
@@ -105,6 +106,56 @@ def straight(tmp_path_factory, data_dir, token_cache, s3):
     out = run(command(root, data_dir, token_cache, None), s3.env())
     assert out.returncode == 0, out.stderr[-3000:]
     return the_run(root)
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory, s3):
+    """The team's MLflow server: PostgreSQL behind `mlflow server`, artifacts in the S3 bucket."""
+    if pg_bin() is None:
+        pytest.skip("no PostgreSQL server tools (initdb, pg_ctl): apt-get install postgresql")
+    pytest.importorskip("psycopg2", reason="psycopg2 is missing: pip install 'electra-ablate[durable]'")
+    pytest.importorskip("boto3", reason="boto3 (mlflow server's S3 artifacts) is missing: pip install 'electra-ablate[durable]'")
+    folder = tmp_path_factory.mktemp("team")
+    pg = Postgres()
+    pg.start()
+    server = TeamMlflow(folder, pg, s3)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        pg.stop()
+
+
+def test_a_run_on_a_team_server_and_a_bucket_outlives_its_machine(tmp_path, data_dir, token_cache, s3, team, straight):
+    cmd = [*pretrain_command(tmp_path, data_dir, token_cache), "paths.durable_root=s3://runs/team"]
+    env = s3.env(MLFLOW_TRACKING_URI=team.uri)
+    proc = started(cmd, env)
+    try:
+        wait_for(lambda: (pointer(s3, "team") or {}).get("step", 0) >= 8, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    for local in ("outputs", "run"):  # everything the machine had: outputs, MLflow's local files, Hydra's folder
+        shutil.rmtree(tmp_path / local)
+    out = run(cmd, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(team.uri)
+    (got,) = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    expected_client, expected = straight
+    assert got.info.status == "FINISHED" and got.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    for key in METRICS:
+        have, want = history(client, got.info.run_id, key), history(expected_client, expected.info.run_id, key)
+        assert have == [(s, pytest.approx(v, rel=1e-5, abs=1e-6)) for s, v in want], key
+    tags = got.data.tags
+    assert tags["mlflow.source.git.commit"] == tags["git_commit"] and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.source.name"] == "electra_ablate/pretrain.py" and tags["mlflow.user"]
+    names = {a.path for folder in ("job/attempt_1/.hydra", "job/attempt_2/.hydra", "job/attempt_2")
+             for a in client.list_artifacts(got.info.run_id, folder)}
+    assert {"job/attempt_1/.hydra/config.yaml", "job/attempt_1/.hydra/overrides.yaml",
+            "job/attempt_2/.hydra/config.yaml", "job/attempt_2/pretrain.log"} <= names, names
+    assert s3.client().glob("runs/mlflow/**/job/attempt_2/pretrain.log")  # through the server, into the bucket
 
 
 def test_a_run_killed_and_its_folder_deleted_resumes_from_the_bucket(tmp_path, data_dir, token_cache, s3, straight):

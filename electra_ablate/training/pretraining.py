@@ -197,6 +197,7 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     start = run_folder.newest_checkpoint(checkpoints) if previous is not None or restored is not None else None
     with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
         run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, start, last_ckpt, dm, budget, choice)
+        run.record_job(cfg.paths.output_dir)  # its config and Hydra record now, its log at the end
         if remote is not None:
             remote.run_id = run.run_id
             run.set_tags({"durable_area": remote.area.url})

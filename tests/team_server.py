@@ -1,0 +1,113 @@
+"""A team's MLflow server for the slow tests: PostgreSQL (its `initdb`, `pg_ctl` and `postgres`, on PATH or in
+/usr/local/bin or Debian's /usr/lib/postgresql/<version>/bin) in a test folder on a free loopback port, and
+`mlflow server` on it with its artifacts in an S3 bucket (tests/s3_server.py), which clients reach through the
+server (`--artifacts-destination`: they need no S3 credentials). Run as root, PostgreSQL's tools run as the
+`postgres` user, as PostgreSQL requires."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from s3_server import Seaweed, free_ports
+
+
+def pg_bin() -> Path | None:
+    """The folder of PostgreSQL's server tools, or None where they are absent."""
+    found = shutil.which("pg_ctl") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), reverse=True)),
+                                           None)
+    return Path(found).parent if found else None
+
+
+def _as_owner() -> list[str]:
+    """The prefix that runs PostgreSQL's tools as a user it accepts (not root)."""
+    if os.geteuid() != 0:
+        return []
+    pwd.getpwnam("postgres")  # KeyError: no such user, the caller skips
+    return ["runuser", "-u", "postgres", "--"]
+
+
+class Postgres:
+    """A PostgreSQL cluster in a temporary folder of its own (pytest's are private to their user, and PostgreSQL runs
+    as `postgres` under root), on 127.0.0.1 only, trusting local connections: a throw-away test server."""
+
+    def __init__(self):
+        self.folder, self.bin = Path(tempfile.mkdtemp(prefix="electra-ablate-pg-")), pg_bin()
+        (self.port,) = free_ports(1)
+        self.data = self.folder / "data"
+
+    def start(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres")
+        run = _as_owner()
+        subprocess.run([*run, str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                        "-E", "UTF8"], check=True, capture_output=True)
+        subprocess.run([*run, str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "pg.log"), "-w",
+                        "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder}", "start"],
+                       check=True, capture_output=True)
+        import psycopg2
+
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
+        con.autocommit = True
+        con.cursor().execute("CREATE DATABASE mlflow")
+        con.close()
+
+    @property
+    def uri(self) -> str:
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/mlflow"
+
+    def stop(self) -> None:
+        subprocess.run([*_as_owner(), str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "stop"],
+                       capture_output=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class TeamMlflow:
+    """`mlflow server` on 127.0.0.1 (a free port): runs in PostgreSQL, artifacts in `s3://<bucket>/mlflow`."""
+
+    def __init__(self, folder: Path, pg: Postgres, s3: Seaweed, bucket: str = "runs"):
+        self.folder, self.pg, self.s3, self.bucket = folder, pg, s3, bucket
+        (self.port,) = free_ports(1)
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        log = open(self.folder / "mlflow.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             "1", "--backend-store-uri", self.pg.uri, "--artifacts-destination", f"s3://{self.bucket}/mlflow"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.s3.env(MLFLOW_S3_ENDPOINT_URL=self.s3.endpoint))
+        tic = time.perf_counter()
+        while time.perf_counter() - tic < timeout:
+            assert self.proc.poll() is None, (self.folder / "mlflow.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"mlflow server did not answer within {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc = None
