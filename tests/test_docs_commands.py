@@ -470,6 +470,9 @@ COMMANDS: dict[str, Smoke | Skip] = {
     "ELECTRA_ABLATE_DURABLE_ROOT=s3://my-bucket/electra python -m electra_ablate.pretrain objective=electra":
         Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), replace={"s3://my-bucket/electra": "file://{tmp}"},
               check=check_durable),
+    "mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri postgresql+psycopg2://mlflow@db.internal/mlflow "
+    "--artifacts-destination s3://my-bucket/mlflow":
+        Skip("starts a server (tests/test_durable_s3.py starts one on PostgreSQL and a local S3 server)"),
     "export MLFLOW_TRACKING_URI=http://mlflow.internal:5000":
         Skip("the environment of a sweep against a team's tracking server"),
     "export ELECTRA_ABLATE_DURABLE_ROOT=s3://my-bucket/electra AWS_ENDPOINT_URL=https://s3.internal":
