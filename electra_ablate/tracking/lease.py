@@ -108,7 +108,8 @@ class Lease:
                 return self._create()
             why = self.stale(held)
             if why is None:
-                raise LeaseHeld(f"{self.what} is owned by another job: {self.owner(held)}; lease {self.area.url}/{NAME}. "
+                raise LeaseHeld(f"{self.what} is owned by another job: {self.owner(held)}; lease "
+                                f"{self.area.url}/{NAME}. "
                                 "Wait for it to finish, or stop it: its lease is taken over once it expires")
             log.warning("taking over the lease of %s from %s: %s", self.what, self.owner(held), why)
             return self._write_and_verify()

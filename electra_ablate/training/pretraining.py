@@ -263,6 +263,8 @@ class Exports:
             # A resumed run passes a step it had exported before it stopped. That export stays as it is: it
             # may be fine-tuned already, or being fine-tuned now (sweep.plan.saved_so_far).
             log.info("step %d: %s was exported before the run stopped; kept as it is", step, directory)
+            if self.uploaded is not None:  # in the durable store too (a stop may have come before its upload)
+                self.uploaded(directory, step)
             return directory
         nets = self.sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
         path = save_pretrained(
