@@ -75,7 +75,7 @@ def killed_once_uploaded(cmd: list[str], env: dict[str, str], s3: Seaweed, prefi
     try:
         wait_for(lambda: (pointer(s3, prefix) or {}).get("step", 0) >= 8, proc)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        assert proc.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill: nothing was tested"
     finally:
         proc.kill()
 
