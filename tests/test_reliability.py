@@ -679,6 +679,11 @@ def test_a_sweep_through_an_mlflow_server(tmp_path, data_dir, token_cache, serve
         assert list((server.folder / "artifacts").rglob(Path(artifact.path).name))
     report = (tmp_path / "reports" / "served.md").read_text()
     assert all(any(line.startswith(f"| {v} (") for line in report.splitlines()) for v in ("electra", "bert"))
+    (sweep,) = runs["sweep"]  # its report kept with the sweep's run, and each job's config and log with its run
+    assert {a.path for a in client.list_artifacts(sweep.info.run_id, "report")} >= {"report/served.md",
+                                                                                      "report/served"}
+    assert {a.path for a in client.list_artifacts(pre[0].info.run_id, "job/attempt_1")} >= {
+        "job/attempt_1/.hydra", "job/attempt_1/pretrain.log"}
 
     again = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True,
                            timeout=1200)

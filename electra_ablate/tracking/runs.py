@@ -287,14 +287,18 @@ class RunLogger:
         if not folder.is_dir():
             return
         self.job_folder = folder
-        self._log_files(sorted((folder / ".hydra").glob("*.yaml")), ".hydra")
+        self.record_files(sorted((folder / ".hydra").glob("*.yaml")), f"job/attempt_{self.attempt}/.hydra")
 
-    def _log_files(self, paths: Sequence[Path], under: str = "") -> None:
-        where = f"job/attempt_{self.attempt}" + (f"/{under}" if under else "")
+    def record_files(self, paths: Sequence[Path], where: str) -> None:
+        """Files (and folders, whole) as artifacts under `where`; one that cannot be recorded (a server away) is
+        logged and left: a copy of the record never decides a run's outcome."""
         for path in paths:
             try:
-                self.client.log_artifact(self.run_id, str(path), where)
-            except Exception as error:  # noqa: BLE001 - a copy of the record: never what decides the run's outcome
+                if path.is_dir():
+                    self.client.log_artifacts(self.run_id, str(path), f"{where}/{path.name}")
+                else:
+                    self.client.log_artifact(self.run_id, str(path), where)
+            except Exception as error:  # noqa: BLE001 - see above
                 log.warning("run %s: %s was not recorded as an artifact (%s)", self.run_id, path, error)
 
     def flush(self) -> None:
@@ -332,7 +336,7 @@ class RunLogger:
 
     def _end(self, status: str, reason: str | None) -> None:
         if self.job_folder is not None:
-            self._log_files(sorted(self.job_folder.glob("*.log")))
+            self.record_files(sorted(self.job_folder.glob("*.log")), f"job/attempt_{self.attempt}")
         with stops.deferred():  # a stop arriving now waits until the status is written
             if reason:
                 self.set_tags({TAG_END_REASON: reason[:5000]})
