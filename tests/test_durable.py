@@ -242,3 +242,16 @@ def test_a_run_whose_mlflow_store_is_lost_too_resumes_from_the_store_in_a_new_ru
     assert sorted(got) == [s for s in sorted(expected) if s > 16]  # the steps after the bucket's checkpoint of 16
     for step in got:
         assert got[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), (step, got, expected)
+
+
+def test_every_process_of_a_multi_process_run_fetches_the_checkpoint_it_resumes_from(tmp_path, pretrain_cfg):
+    from electra_ablate.training import durable_run
+
+    cfg = pretrain_cfg(tmp_path, f"paths.durable_root=file://{tmp_path}/bucket")
+    (tmp_path / "bucket").mkdir()
+    store = Path(cfg.paths.output_root) / "pretrain" / "electra-ablate" / "abc123"
+    assert durable_run.area_path(cfg, store) == "pretrain/electra-ablate/abc123"
+    area = RunArea(Settings.of(cfg.paths), durable_run.area_path(cfg, store))
+    area.upload_checkpoint(checkpoint(tmp_path, 8), 8, None)
+    durable_run.fetch_checkpoint(cfg, store)  # a DDP process on a machine without the run's folder
+    assert (store / "checkpoints" / "last.ckpt").read_bytes() == checkpoint(tmp_path, 8).read_bytes()

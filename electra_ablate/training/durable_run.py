@@ -77,6 +77,15 @@ class DurableRun:
         self.area.upload_dir(path, path.name, step)
 
 
+def fetch_checkpoint(cfg: DictConfig, store: Path) -> None:
+    """In a process of a multi-process (DDP) run other than the first: the durable store's newest checkpoint put
+    where this process reads it, when it is newer than the local one, as the first process does (this process's
+    machine may not be the first's)."""
+    settings = durable.Settings.of(cfg.paths)
+    if settings is not None:
+        DurableRun(settings, area_path(cfg, store), "").restore_checkpoint(store / "checkpoints")
+
+
 class RenewLease(pl.Callback):
     """Renews the run's lease at step ends, once a quarter of its lifetime has passed (tracking/lease.py); it reads
     no tensor and draws no random number."""

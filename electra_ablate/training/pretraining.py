@@ -119,6 +119,7 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     choice = attempts.choose(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator),
                              runs[0] if runs else None)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []), choice.precision)
+    durable_run.fetch_checkpoint(cfg, store)  # with a durable store, as the first process fetches it
     start = run_folder.newest_checkpoint(store / "checkpoints")  # the one the first process resumes from
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
     stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
