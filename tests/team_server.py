@@ -25,12 +25,21 @@ def pg_bin() -> Path | None:
     return Path(found).parent if found else None
 
 
+def missing() -> str | None:
+    """Why a test PostgreSQL cannot start here, or None."""
+    if pg_bin() is None:
+        return "no PostgreSQL server tools (initdb, pg_ctl): apt-get install postgresql"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "run as root, PostgreSQL needs a `postgres` user to run as (apt-get install postgresql makes one)"
+    return None
+
+
 def _as_owner() -> list[str]:
     """The prefix that runs PostgreSQL's tools as a user it accepts (not root)."""
-    if os.geteuid() != 0:
-        return []
-    pwd.getpwnam("postgres")  # KeyError: no such user, the caller skips
-    return ["runuser", "-u", "postgres", "--"]
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
 
 
 class Postgres:

@@ -191,15 +191,20 @@ def losses(tmp: Path, run_id: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")}
 
 
-def test_a_run_whose_local_folder_is_lost_resumes_from_the_store_to_the_same_losses(tmp_path, pretrain_cfg, stop_at):
-    straight = tmp_path / "straight"
+def straight_and_crashed(tmp_path: Path, pretrain_cfg, stop_at, root: str):
+    """The losses of a straight run, and a run with `root` as its durable root crashed after step 17 (checkpoints
+    at 8 and 16 uploaded, the export at 12): (losses, the crashed run's folder, its config)."""
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     expected = losses(straight, pretrain.train(pretrain_cfg(straight, *COMMON)))
-
-    crashed, bucket = tmp_path / "crashed", tmp_path / "bucket"
-    bucket.mkdir()
-    cfg = pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{bucket}/runs")
+    (tmp_path / "bucket").mkdir()
+    cfg = pretrain_cfg(crashed, *COMMON, f"paths.durable_root={root}")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        pretrain.train(cfg, callbacks=[stop_at(17)])  # checkpoints at 8 and 16 uploaded, export at 12
+        pretrain.train(cfg, callbacks=[stop_at(17)])
+    return expected, crashed, cfg
+
+
+def test_a_run_whose_local_folder_is_lost_resumes_from_the_store_to_the_same_losses(tmp_path, pretrain_cfg, stop_at):
+    expected, crashed, cfg = straight_and_crashed(tmp_path, pretrain_cfg, stop_at, f"file://{tmp_path}/bucket/runs")
     shutil.rmtree(crashed / "outputs")  # the machine is gone; the MLflow store (a server's) and the bucket remain
     run_id = pretrain.train(cfg)
     got = losses(crashed, run_id)
@@ -222,20 +227,14 @@ def test_a_run_whose_local_folder_is_lost_resumes_from_the_store_to_the_same_los
 
 
 def test_a_run_whose_mlflow_store_is_lost_too_resumes_from_the_store_in_a_new_run(tmp_path, pretrain_cfg, stop_at):
-    straight = tmp_path / "straight"
-    expected = losses(straight, pretrain.train(pretrain_cfg(straight, *COMMON)))
-    crashed, bucket = tmp_path / "crashed", tmp_path / "bucket"
-    bucket.mkdir()
-    cfg = pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{bucket}")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        pretrain.train(cfg, callbacks=[stop_at(17)])
+    expected, crashed, cfg = straight_and_crashed(tmp_path, pretrain_cfg, stop_at, f"file://{tmp_path}/bucket")
     client = MlflowClient(f"sqlite:///{crashed}/mlflow.db")
     (lost,) = client.search_runs([client.get_experiment_by_name("electra-ablate").experiment_id])
     # The local disk is gone, and the embedded MLflow store with it: the next job has an empty store of its own (a
     # new file: this process's MLflow keeps the old one open).
     shutil.rmtree(crashed / "outputs")
     fresh = tmp_path / "fresh"
-    run_id = pretrain.train(pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{bucket}",
+    run_id = pretrain.train(pretrain_cfg(crashed, *COMMON, f"paths.durable_root=file://{tmp_path}/bucket",
                                          f"logger.tracking_uri=sqlite:///{fresh}/mlflow.db"))
     assert run_id != lost.info.run_id
     got = losses(fresh, run_id)

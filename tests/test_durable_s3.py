@@ -21,7 +21,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from s3_server import Seaweed, weed_binary
-from team_server import Postgres, pg_bin, team_mlflow
+from team_server import Postgres, team_mlflow
+from team_server import missing as missing_pg
 from test_reliability import history, pretrain_command
 
 from electra_ablate.tracking import runs as tracking
@@ -122,8 +123,8 @@ def straight(tmp_path_factory, data_dir, token_cache, s3):
 @pytest.fixture(scope="module")
 def team(tmp_path_factory, s3):
     """The team's MLflow server: PostgreSQL behind `mlflow server`, artifacts in the S3 bucket."""
-    if pg_bin() is None:
-        pytest.skip("no PostgreSQL server tools (initdb, pg_ctl): apt-get install postgresql")
+    if missing_pg():
+        pytest.skip(missing_pg())
     pytest.importorskip("psycopg2", reason="psycopg2 is missing: pip install 'electra-ablate[durable]'")
     pytest.importorskip("boto3", reason="boto3 (the server's S3 artifacts) is missing: pip install 'electra-ablate[durable]'")
     folder = tmp_path_factory.mktemp("team")
