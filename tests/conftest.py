@@ -67,6 +67,7 @@ def _no_network(monkeypatch):
     # Tests pick their own folders: a user's ELECTRA_ABLATE_HOME / ELECTRA_ABLATE_ROOT must not redirect them.
     monkeypatch.delenv("ELECTRA_ABLATE_HOME", raising=False)
     monkeypatch.delenv("ELECTRA_ABLATE_ROOT", raising=False)
+    monkeypatch.delenv("ELECTRA_ABLATE_DURABLE_ROOT", raising=False)  # a user's durable store: never written by tests
 
 
 # A pre-training config small enough for hundreds of CPU steps: 2 layers, hidden 64, sequences of 64, and a

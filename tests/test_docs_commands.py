@@ -154,6 +154,17 @@ def check_pretrained(result: Result, runner: Runner) -> None:
     assert {"config.json", "model.pt"} <= {p.name for p in final.iterdir()}, sorted(final.iterdir())
 
 
+def check_durable(result: Result, runner: Runner) -> None:
+    """docs/reliability.md: the run's last checkpoint (pointed at) and its final export are in the durable store
+    too, under the run folder's path below the outputs folder."""
+    import json
+
+    check_pretrained(result, runner)
+    area = result.tmp / Path(result.pretrained_dir).parent.parent.relative_to(runner.home)
+    assert json.loads((area / "checkpoints" / "latest.json").read_text())["step"] == 2
+    assert (area / "pretrained" / "final.json").is_file()
+
+
 def check_finetuned(*expected: tuple[str, int]) -> Callable:
     """Each (task, seed) fine-tuned to a final score, as its own FINISHED MLflow run."""
 
@@ -462,6 +473,17 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Smoke(replace={"<pre-training run id | pretrained dir>": RUN_ID}, check=check_exported, slow=False),
     # README: MLflow
     "mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db --host 127.0.0.1 --port 5000": Skip("starts a server"),
+    # docs/reliability.md and docs/scaling.md: the durable store (a real S3 server: tests/test_durable_s3.py)
+    "ELECTRA_ABLATE_DURABLE_ROOT=s3://my-bucket/electra python -m electra_ablate.pretrain objective=electra":
+        Smoke((*PRETRAIN_2_STEPS, *TINY_SHAPE), replace={"s3://my-bucket/electra": "file://{tmp}"},
+              check=check_durable),
+    "mlflow server --host 0.0.0.0 --port 5000 --backend-store-uri postgresql+psycopg2://mlflow@db.internal/mlflow "
+    "--artifacts-destination s3://my-bucket/mlflow":
+        Skip("starts a server (tests/test_durable_s3.py starts one on PostgreSQL and a local S3 server)"),
+    "export MLFLOW_TRACKING_URI=http://mlflow.internal:5000":
+        Skip("the environment of a sweep against a team's tracking server"),
+    "export ELECTRA_ABLATE_DURABLE_ROOT=s3://my-bucket/electra AWS_ENDPOINT_URL=https://s3.internal":
+        Skip("the environment of a sweep against a team's bucket (tests/test_durable_s3.py: a local S3 server)"),
     # docs/architecture.md: add your own objective
     "python -m electra_ablate.pretrain 'hydra.searchpath=[file:///path/to/my_conf]' objective=my_objective":
         Smoke((*PRETRAIN_2_STEPS, "model=tiny", *TINY_SHAPE), replace={"/path/to/my_conf": "{tmp}/my_conf"},

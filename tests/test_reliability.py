@@ -551,10 +551,15 @@ class Server:
     """`mlflow server` on 127.0.0.1 (a free port), a SQLite backend and a local artifact root in `folder`; it
     runs in a process group of its own, which `stop` ends whole."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, backend: str | None = None, artifacts: str | None = None,
+                 server_env: dict[str, str] | None = None):
         import socket
 
         self.folder = folder
+        # Its database, its artifact root and its environment: SQLite and a folder in `folder` unless given.
+        self.backend = backend or f"sqlite:///{folder}/server.db"
+        self.artifacts = artifacts or str(folder / "artifacts")
+        self.env = server_env or env()
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -567,9 +572,8 @@ class Server:
         log = open(self.folder / "server.log", "a")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-             "1", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
-             "--artifacts-destination", str(self.folder / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env())
+             "1", "--backend-store-uri", self.backend, "--artifacts-destination", self.artifacts],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         tic = time.perf_counter()
         while time.perf_counter() - tic < timeout:
             assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
@@ -675,6 +679,11 @@ def test_a_sweep_through_an_mlflow_server(tmp_path, data_dir, token_cache, serve
         assert list((server.folder / "artifacts").rglob(Path(artifact.path).name))
     report = (tmp_path / "reports" / "served.md").read_text()
     assert all(any(line.startswith(f"| {v} (") for line in report.splitlines()) for v in ("electra", "bert"))
+    (sweep,) = runs["sweep"]  # its report kept with the sweep's run, and each job's config and log with its run
+    assert {a.path for a in client.list_artifacts(sweep.info.run_id, "report")} >= {"report/served.md",
+                                                                                      "report/served"}
+    assert {a.path for a in client.list_artifacts(pre[0].info.run_id, "job/attempt_1")} >= {
+        "job/attempt_1/.hydra", "job/attempt_1/pretrain.log"}
 
     again = subprocess.run(cmd, cwd=tmp_path, env=served_env(server.uri), capture_output=True, text=True,
                            timeout=1200)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 from tokenizers import models
 
-from electra_ablate.common.io import atomic_dir
+from electra_ablate.common.io import atomic_dir, sha256_file
 from electra_ablate.common.tokens import SPECIAL_TOKENS, SpecialIds
 from electra_ablate.data import wordpiece
 from electra_ablate.data.corpus_files import file_sha256, memo_path
@@ -49,14 +49,6 @@ VOCAB_LEARNER_VERSION = 2
 VOCAB_LIMIT_ALPHABET = 1000
 VOCAB_NAME = "vocab.txt"
 META_NAME = "meta.json"
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _corpus_identity(corpus: Path, cache_dir: str | Path) -> dict:
@@ -97,7 +89,7 @@ def _key_inputs(
     return {
         "format": FORMAT_VERSION,
         **corpus_identity,
-        "vocab_sha256": _sha256_file(vocab_file),
+        "vocab_sha256": sha256_file(vocab_file),
         "lowercase": bool(lowercase),
         "max_seq_length": int(max_seq_length),
         "short_seq_prob": float(short_seq_prob),
@@ -199,7 +191,7 @@ def load_cache(directory: str | Path) -> PretrainCache:
 def _examples_digest(directory: Path) -> str:
     h = hashlib.sha256()
     for name in EXAMPLE_ARRAYS:
-        h.update(_sha256_file(directory / f"{name}.npy").encode())
+        h.update(sha256_file(directory / f"{name}.npy").encode())
     return h.hexdigest()
 
 

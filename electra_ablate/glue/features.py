@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from electra_ablate.common.io import atomic_file
+from electra_ablate.common.io import atomic_file, sha256_file
 from electra_ablate.glue.tasks import Example, TaskSpec
 
 
@@ -84,12 +84,7 @@ def _digest(parts: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+file_digest = sha256_file  # a vocabulary file's digest, in the features' cache key
 
 
 FEATURES_VERSION = 2

@@ -221,6 +221,9 @@ def run_sweep(
                 report_path = write_report(ctx, client, report_dir or REPO_ROOT / "reports",
                                            running_sweep_run=record.run_id if record else None,
                                            running_wall_time=time.perf_counter() - tic)
+                if record is not None and report_path is not None:  # the report and its figures, with the sweep's run
+                    folder = Path(report_path).with_suffix("")
+                    record.record_files([Path(report_path), *([folder] if folder.is_dir() else [])], "report")
         except BaseException as error:  # Ctrl-C or SIGTERM: KILLED; anything else: FAILED, the reason recorded
             if record is not None:
                 retired = retire_interrupted(client, ctx)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +35,8 @@ from electra_ablate.tracking.identity import (  # noqa: F401  (the run identity,
     identity,
     identity_hashes,
 )
+
+log = logging.getLogger(__name__)
 
 # Tag names that the report and the sweep runner read.
 TAG_KIND = "kind"  # pretrain | finetune
@@ -180,6 +184,15 @@ def git_commit() -> str:
         return "unknown"
 
 
+def standard_tags(git: str | None = None) -> dict[str, str]:
+    """MLflow's standard source tags, which its fluent API sets and `create_run` does not (the UI shows them): the
+    commit, the entry point (relative to the checkout), the user."""
+    entry, root = Path(sys.argv[0] if sys.argv and sys.argv[0] else "-").resolve(), Path(__file__).resolve().parents[2]
+    return {"mlflow.source.git.commit": git or git_commit(), "mlflow.source.type": "LOCAL",
+            "mlflow.source.name": entry.relative_to(root).as_posix() if entry.is_relative_to(root) else entry.name,
+            "mlflow.user": os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())}
+
+
 TAG_ATTEMPTS = "attempts"  # how many processes have worked on this run (1 = it ran straight through)
 TAG_RESTARTS = "restarts"  # JSON list: why and from which step each later attempt started
 TAG_END_REASON = "end_reason"  # why a run ended other than FINISHED (signal, superseded, ...)
@@ -209,6 +222,8 @@ class RunLogger:
         self.logged_through = dict(logged_through or {})  # metric -> newest step already in the store
         self._unavailable: TrackingUnavailable | None = None  # set once the tracking server stopped answering
         self.finished = False  # its end (status) is written
+        self.job_folder: Path | None = None  # this attempt's Hydra output folder: its log is recorded at the end
+        self.attempt = 1
 
     @classmethod
     def start(
@@ -221,7 +236,7 @@ class RunLogger:
         parent_run_id: str | None = None,
     ) -> RunLogger:
         exp = client.get_experiment_by_name(experiment)
-        all_tags = {k: str(v) for k, v in tags.items()}
+        all_tags = {**standard_tags(tags.get("git_commit")), **{k: str(v) for k, v in tags.items()}}
         all_tags["mlflow.runName"] = run_name
         all_tags[TAG_ATTEMPTS] = "1"
         if parent_run_id:
@@ -245,6 +260,7 @@ class RunLogger:
         restarts.append({"attempt": attempts, "how": how, "previous_status": run.info.status,
                          "at": time.strftime("%Y-%m-%d %H:%M:%S")})
         logger = cls(client, run.info.run_id, logged_through=logged)
+        logger.attempt = attempts
         logger.set_tags({TAG_ATTEMPTS: attempts, TAG_RESTARTS: json.dumps(restarts), **(tags or {})})
         client.update_run(run.info.run_id, status="RUNNING")
         return logger
@@ -262,6 +278,28 @@ class RunLogger:
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def record_job(self, folder: str | Path) -> None:
+        """Keep this attempt's Hydra record with the run: `.hydra/` (the job's config, Hydra's, the overrides) now,
+        its `*.log` files when the run ends, as artifacts under `job/attempt_<n>/` (a folder that does not exist,
+        as in a test that composes its config, records nothing)."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            return
+        self.job_folder = folder
+        self.record_files(sorted((folder / ".hydra").glob("*.yaml")), f"job/attempt_{self.attempt}/.hydra")
+
+    def record_files(self, paths: Sequence[Path], where: str) -> None:
+        """Files (and folders, whole) as artifacts under `where`; one that cannot be recorded (a server away) is
+        logged and left: a copy of the record never decides a run's outcome."""
+        for path in paths:
+            try:
+                if path.is_dir():
+                    self.client.log_artifacts(self.run_id, str(path), f"{where}/{path.name}")
+                else:
+                    self.client.log_artifact(self.run_id, str(path), where)
+            except Exception as error:  # noqa: BLE001 - see above
+                log.warning("run %s: %s was not recorded as an artifact (%s)", self.run_id, path, error)
 
     def flush(self) -> None:
         while self._buffer:
@@ -297,6 +335,8 @@ class RunLogger:
         self._end(status, reason)
 
     def _end(self, status: str, reason: str | None) -> None:
+        if self.job_folder is not None:
+            self.record_files(sorted(self.job_folder.glob("*.log")), f"job/attempt_{self.attempt}")
         with stops.deferred():  # a stop arriving now waits until the status is written
             if reason:
                 self.set_tags({TAG_END_REASON: reason[:5000]})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytorch_lightning as pl
@@ -146,18 +146,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint written to a temporary file beside it and renamed over it (common/io.py): a process
     killed while it writes (a scheduler's SIGKILL after its grace period) leaves the previous checkpoint whole.
     Lightning's own writer stages the file in the system's temporary folder, from which it is copied, not
-    renamed, when that folder is on another file system."""
+    renamed, when that folder is on another file system. `after_save(path, step)` runs once the file is in place
+    (training/durable_run.py uploads it)."""
+
+    def __init__(self, after_save: Callable[[Path, int], None] | None = None):
+        super().__init__()
+        self.after_save = after_save
 
     def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
         with io.atomic_file(path) as tmp:
             super().save_checkpoint(checkpoint, tmp, storage_options)
+        if self.after_save is not None:
+            self.after_save(Path(path), int(checkpoint["global_step"]))
 
 
 def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callbacks: Sequence[pl.Callback],
-            run_precision: str | None = None) -> pl.Trainer:
+            run_precision: str | None = None, after_save: Callable[[Path, int], None] | None = None) -> pl.Trainer:
     """The Lightning Trainer: the `trainer` group's placement and steps, `run_precision` (else what
     runtime.precision resolves to here), checkpoints every trainer.checkpoint_every_n_steps to
-    `store`/checkpoints/last.ckpt (written whole or not at all), no Lightning logger (metrics go to MLflow in
+    `store`/checkpoints/last.ckpt (written whole or not at all, then handed to `after_save`), no Lightning logger (metrics go to MLflow in
     batches)."""
     return pl.Trainer(
         max_steps=cfg.trainer.max_steps,
@@ -183,7 +190,7 @@ def trainer(cfg: DictConfig, store: Path, automatic_optimization: bool, callback
         ],
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[AtomicCheckpointIO(after_save)],
     )
 
 

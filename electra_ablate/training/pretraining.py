@@ -25,7 +25,7 @@ from electra_ablate.models.checkpoint import CONFIG_NAME, MODEL_NAME, save_pretr
 from electra_ablate.tracking import attempts
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking.store import IdentityLock
-from electra_ablate.training import build, run_folder
+from electra_ablate.training import build, durable_run, run_folder
 from electra_ablate.training.checks import validate
 from electra_ablate.training.heartbeat import Heartbeat
 
@@ -95,13 +95,17 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> str | 
         # shard of every global batch; the first process alone holds the lock, the MLflow run and the outputs.
         _replica(cfg, store, callbacks)
         return None
+    settings = durable_run.checked(cfg)  # a bad durable store (URL, credentials, bucket) is refused before compute
     build.seeded(cfg)
     dm = build.data_module(cfg)
     dm.prepare()  # builds or loads the token cache; bad data is refused here, before the store, the lock or a run
     client = tracking.setup(cfg.logger.tracking_uri, cfg.logger.experiment)
-    # One process per identity: a second one would write the same checkpoints and the same MLflow run.
-    with IdentityLock(store / "run.lock", f"pre-training {cfg.run_name} (config {cfg_hash}, outputs {store})"):
-        return _train(cfg, client, cfg_hash, store, dm, callbacks)
+    # One process per identity: a second one would write the same checkpoints and the same MLflow run; with a
+    # durable store, one job per identity across machines too (its lease).
+    what = f"pre-training {cfg.run_name} (config {cfg_hash})"
+    with IdentityLock(store / "run.lock", f"{what[:-1]}, outputs {store})"), \
+            durable_run.owned(settings, cfg, store, what) as remote:
+        return _train(cfg, client, cfg_hash, store, dm, callbacks, remote)
 
 
 def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) -> None:
@@ -115,6 +119,7 @@ def _replica(cfg: DictConfig, store: Path, callbacks: list[pl.Callback] | None) 
     choice = attempts.choose(cfg.runtime.precision, precision.training_device(cfg.trainer.accelerator),
                              runs[0] if runs else None)
     trainer = build.trainer(cfg, store, system.automatic_optimization, list(callbacks or []), choice.precision)
+    durable_run.fetch_checkpoint(cfg, store)  # with a durable store, as the first process fetches it
     start = run_folder.newest_checkpoint(store / "checkpoints")  # the one the first process resumes from
     # A stop saves the checkpoint on every process (the first writes it; all take part in its collectives).
     stops.fit(trainer, system, datamodule=dm, ckpt_path=_str_or_none(start),
@@ -155,7 +160,9 @@ def is_complete(path: str | Path) -> bool:
 
 
 def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainDataModule,
-           callbacks: list[pl.Callback] | None) -> str | None:
+           callbacks: list[pl.Callback] | None, remote: durable_run.DurableRun | None = None) -> str | None:
+    if remote is not None:  # a finished run's exports come back from the durable store, not trained again
+        remote.restore_exports(store, is_complete)
     runs = tracking.runs_of_identity(client, cfg.logger.experiment, tracking.identity_hashes(cfg))
     done = next((r for r in runs if r.info.status == "FINISHED"), None)
     if done is not None:
@@ -176,18 +183,25 @@ def _train(cfg: DictConfig, client, cfg_hash: str, store: Path, dm: PretrainData
     sharing = build.sharing_mode(cfg)
     model, generator, system = build.trained_system(cfg, dm, sharing)
 
-    exports = Exports(cfg, store, system, sharing, dm.vocab_path)
+    exports = Exports(cfg, store, system, sharing, dm.vocab_path, remote.exported if remote else None)
     export_steps = [int(round(f * cfg.trainer.max_steps)) for f in cfg.trainer.export_fractions]
     trainer = build.trainer(cfg, store, system.automatic_optimization,
-                            [ExportPretrained(export_steps, exports.save), Heartbeat(), *(callbacks or [])],
-                            choice.precision)
+                            [ExportPretrained(export_steps, exports.save), Heartbeat(),
+                             *([durable_run.RenewLease(remote.lease)] if remote else []), *(callbacks or [])],
+                            choice.precision, remote.checkpoint_saved if remote else None)
     build.count_flops(cfg, system, model, generator, trainer)
     budget = _corpus_budget(cfg, dm, trainer)
 
-    # The newest whole checkpoint: last.ckpt, or a last-v<N>.ckpt that a folder written before holds.
-    start = run_folder.newest_checkpoint(checkpoints) if previous is not None else None
+    # The newest whole checkpoint: the durable store's when it is newer (downloaded to last.ckpt), else last.ckpt
+    # or a last-v<N>.ckpt that a folder written before holds.
+    restored = remote.restore_checkpoint(checkpoints) if remote is not None else None
+    start = run_folder.newest_checkpoint(checkpoints) if previous is not None or restored is not None else None
     with stops.deferred(raise_after=False):  # a stop now waits for the run to be open, to end it KILLED below
         run = exports.run = _open_run(cfg, client, cfg_hash, store, previous, start, last_ckpt, dm, budget, choice)
+        run.record_job(cfg.paths.output_dir)  # its config and Hydra record now, its log at the end
+        if remote is not None:
+            remote.run_id = run.run_id
+            run.set_tags({"durable_area": remote.area.url})
     try:
         tracking.retire_stale(client, runs, keep=run.run_id)
         system.metrics_sink = run.log_metrics
@@ -236,8 +250,10 @@ class Exports:
     the end, listed in <store>/checkpoints.json (relative to the store: training/run_folder.py) and in the run's
     `checkpoints` tag (where they are now)."""
 
-    def __init__(self, cfg: DictConfig, store: Path, system: pl.LightningModule, sharing, vocab_path: Path):
+    def __init__(self, cfg: DictConfig, store: Path, system: pl.LightningModule, sharing, vocab_path: Path,
+                 uploaded: Callable[[Path, int], None] | None = None):
         self.cfg, self.store, self.system, self.sharing, self.vocab_path = cfg, store, system, sharing, vocab_path
+        self.uploaded = uploaded  # each saved directory is handed to it (training/durable_run.py uploads it)
         self.saved: dict[str, Path] = run_folder.read_exports(store)  # step -> directory
         self.run: tracking.RunLogger | None = None  # set once the run is open, before the first step
 
@@ -248,6 +264,8 @@ class Exports:
             # A resumed run passes a step it had exported before it stopped. That export stays as it is: it
             # may be fine-tuned already, or being fine-tuned now (sweep.plan.saved_so_far).
             log.info("step %d: %s was exported before the run stopped; kept as it is", step, directory)
+            if self.uploaded is not None:  # in the durable store too (a stop may have come before its upload)
+                self.uploaded(directory, step)
             return directory
         nets = self.sharing.exported(system.exported_networks())  # e.g. sharing=gdes folds its E_delta in
         path = save_pretrained(
@@ -268,6 +286,8 @@ class Exports:
         )
         self.saved[str(step)] = Path(path)
         run_folder.write_exports(self.store, self.saved)
+        if self.uploaded is not None:
+            self.uploaded(Path(path), step)
         self.run.set_tags({"checkpoints": json.dumps({k: str(v) for k, v in self.saved.items()}, sort_keys=True)})
         return path
 
