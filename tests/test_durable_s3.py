@@ -5,6 +5,7 @@ before compute. The logic on fsspec's in-memory and local file systems: tests/te
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,13 +19,15 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from s3_server import Seaweed, weed_binary
 from team_server import Postgres, team_mlflow
 from team_server import missing as missing_pg
-from test_reliability import history, pretrain_command
+from test_reliability import REPO, history, pretrain_command
 
+from electra_ablate.common import stops
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking import store
 
@@ -162,6 +165,117 @@ def test_a_run_on_a_team_server_and_a_bucket_outlives_its_machine(tmp_path, data
     assert {"job/attempt_1/.hydra/config.yaml", "job/attempt_1/.hydra/overrides.yaml",
             "job/attempt_2/.hydra/config.yaml", "job/attempt_2/pretrain.log"} <= names, names
     assert s3.client().glob("runs/mlflow/**/job/attempt_2/pretrain.log")  # through the server, into the bucket
+
+
+# A miniature sweep (tests/test_sweeps.py's, one variant, one seed of each phase) whose pre-training is long enough
+# to be killed after an upload and well before its end: its steps take about 25 ms on 2 cores, so 320 steps (about
+# 8 s), a checkpoint every 40, a metric window every 20.
+SWEEP_PRETRAIN = {"trainer.max_steps": 320, "trainer.checkpoint_every_n_steps": 40, "logger.log_every_n_steps": 20}
+
+
+def sweep_command(folder: Path, data_dir: Path, cache: Path) -> tuple[list[str], Path]:
+    """The sweep command, and its root: `folder`/machine, everything the machine writes (outputs, Hydra's
+    folders, reports); the spec beside it, where a lost machine's checkout would have it."""
+    from test_sweeps import write_mini
+
+    spec = yaml.safe_load(write_mini(folder / "durable.yaml", name="durable", seeds=[0], pretrain_seeds=[0]).read_text())
+    spec["variants"], spec["baseline"] = {"electra": {"objective": "electra"}}, "electra"
+    spec["pretrain"].update(SWEEP_PRETRAIN)
+    (folder / "durable.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    root = folder / "machine"
+    root.mkdir()
+    return [sys.executable, "-m", "electra_ablate.sweep", f"sweep={folder / 'durable.yaml'}", f"paths.root_dir={root}",
+            f"paths.data_dir={data_dir}", f"paths.cache_dir={cache}", f"report_dir={root}/reports"], root
+
+
+def sweep_env(s3: Seaweed, prefix: str, tracking_uri: str) -> dict[str, str]:
+    return s3.env(ELECTRA_ABLATE_DURABLE_ROOT=f"s3://runs/{prefix}", MLFLOW_TRACKING_URI=tracking_uri,
+                  PYTHONPATH=str(REPO))
+
+
+def sweep_runs(uri: str) -> dict[str, list]:
+    """The runs of the sweep's experiment by kind (sweep, pretrain, finetune)."""
+    client = MlflowClient(uri)
+    out: dict[str, list] = {}
+    for r in client.search_runs([client.get_experiment_by_name("durable").experiment_id], max_results=100):
+        out.setdefault(r.data.tags.get(tracking.TAG_KIND), []).append(r)
+    return out
+
+
+def sweep_results(uri: str) -> tuple[dict, dict]:
+    """The pre-training run's metric histories (METRICS), and the fine-tuning run's final metrics (any timing left
+    out) and loss history."""
+    runs = sweep_runs(uri)
+    (pre,), (ft,) = runs["pretrain"], runs["finetune"]
+    assert pre.info.status == ft.info.status == "FINISHED" and runs["sweep"][0].info.status == "FINISHED", runs
+    client = MlflowClient(uri)
+    final = {k: v for k, v in ft.data.metrics.items() if not k.endswith(("_s", "/mfu", "_time"))}
+    return ({key: history(client, pre.info.run_id, key) for key in METRICS},
+            {**final, "train/loss history": history(client, ft.info.run_id, "train/loss")})
+
+
+def killed_whole(proc: subprocess.Popen) -> None:
+    """SIGKILL the sweep and every process under it (the multirun runs in a process group of its own): what the
+    loss of the machine does. Each group is killed at once; a group's new children die with it."""
+    procs = stops.processes()
+    tree, grew = {proc.pid}, True
+    while grew:
+        grown = tree | {pid for pid, (ppid, _, _) in procs.items() if ppid in tree}
+        grew, tree = grown != tree, grown
+    for group in [proc.pid, *sorted({procs[pid][1] for pid in tree if pid in procs} - {proc.pid})]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_a_sweep_killed_mid_pretraining_and_its_folder_deleted_resumes_from_the_bucket(tmp_path, data_dir,
+                                                                                      token_cache, s3, team):
+    (tmp_path / "straight").mkdir()
+    cmd, root = sweep_command(tmp_path / "straight", data_dir, token_cache)
+    straight_uri = f"sqlite:///{tmp_path}/straight/mlflow.db"  # the uninterrupted sweep's own store and prefix
+    tic = time.perf_counter()
+    out = subprocess.run(cmd, cwd=root, env=sweep_env(s3, "sweep-straight", straight_uri), capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    straight_s = time.perf_counter() - tic
+    expected_pre, expected_ft = sweep_results(straight_uri)
+    assert expected_ft["final/score"] and len(expected_pre["train/loss"]) == 16
+
+    (tmp_path / "killed").mkdir()
+    cmd, root = sweep_command(tmp_path / "killed", data_dir, token_cache)
+    env = sweep_env(s3, "sweep", team.uri)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: pointer(s3, "sweep") is not None, proc)
+        killed_whole(proc)
+    finally:
+        proc.kill()
+    killed_at = pointer(s3, "sweep")["step"]
+    assert killed_at < SWEEP_PRETRAIN["trainer.max_steps"], "pre-training ended before the kill: nothing was tested"
+    (pre,) = sweep_runs(team.uri)["pretrain"]
+    assert pre.info.status == "RUNNING" and "finetune" not in sweep_runs(team.uri)
+    shutil.rmtree(root)  # the machine is gone: outputs, Hydra's folders, reports; the bucket and the server remain
+    root.mkdir()
+
+    tic = time.perf_counter()
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    again_s = time.perf_counter() - tic
+    (resumed,) = sweep_runs(team.uri)["pretrain"]
+    assert resumed.info.run_id == pre.info.run_id and resumed.data.tags[tracking.TAG_ATTEMPTS] == "2"
+    how = json.loads(resumed.data.tags[tracking.TAG_RESTARTS])[-1]["how"]
+    assert how.startswith("resumed from"), how
+    logs = "".join(p.read_text() for p in root.rglob("*.log"))
+    assert f"checkpoint of step {killed_at} downloaded from s3://runs/sweep/pretrain/" in logs  # not from step 0
+    assert pointer(s3, "sweep")["step"] == SWEEP_PRETRAIN["trainer.max_steps"]
+    got_pre, got_ft = sweep_results(team.uri)
+    # The killed sweep's own record, left RUNNING by a process that is gone, is marked KILLED; a new one finished.
+    assert sorted(r.info.status for r in sweep_runs(team.uri)["sweep"]) == ["FINISHED", "KILLED"]
+    assert got_ft == expected_ft  # to the digit
+    assert got_pre == expected_pre
+    print(f"sweep killed after the upload of step {killed_at}, its machine's folder deleted: the re-run resumed "
+          f"from the bucket and matched the straight sweep ({straight_s:.0f} s straight, {again_s:.0f} s re-run)")
 
 
 def test_a_run_killed_and_its_folder_deleted_resumes_from_the_bucket(tmp_path, data_dir, token_cache, s3, straight):
