@@ -254,3 +254,15 @@ def test_every_process_of_a_multi_process_run_fetches_the_checkpoint_it_resumes_
     area.upload_checkpoint(checkpoint(tmp_path, 8), 8, None)
     durable_run.fetch_checkpoint(cfg, store)  # a DDP process on a machine without the run's folder
     assert (store / "checkpoints" / "last.ckpt").read_bytes() == checkpoint(tmp_path, 8).read_bytes()
+
+
+def test_a_lease_that_stays_unreadable_stops_the_job_with_one_line(area, monkeypatch):
+    from electra_ablate.tracking import lease as lease_mod
+
+    monkeypatch.setattr(lease_mod, "SETTLE_S", 0.0)
+    store = area(lease_s=600, retry_s=5)
+    store.fs.makedirs(store.path, exist_ok=True)
+    store.fs.pipe_file(f"{store.path}/lease.json", b"{not json")
+    with pytest.raises(DurableStoreError, match="is not a lease record") as stopped:
+        Lease(store, "pre-training x").acquire()
+    assert "\n" not in str(stopped.value) and "delete it" in str(stopped.value)

@@ -54,14 +54,18 @@ class Lease:
                            "renewed": self.clock(), "lease_s": self.ttl, "token": self.token,
                            "what": self.what}).encode()
 
-    def _read(self) -> dict | None:
+    def _read(self, tries: int = 3) -> dict | None:
         try:
             return json.loads(self.area.fs.cat_file(self.path))
         except FileNotFoundError:
             return None
         except ValueError:  # a store showing a lease being written: read it again after the pause
+            if tries <= 1:
+                raise DurableStoreError(
+                    f"the lease {self.area.url}/{NAME} is not a lease record (unreadable after {3 * SETTLE_S:.0f} s); "
+                    "if no job of this run is running, delete it and run the command again") from None
             time.sleep(SETTLE_S)
-            return self._read()
+            return self._read(tries - 1)
 
     def _create(self) -> bool:
         """Create the lease if there is none; True when it is ours."""
