@@ -74,14 +74,12 @@ def wait_for(ready, proc: subprocess.Popen, timeout: float = 600) -> None:
 
 
 def killed_once_uploaded(cmd: list[str], env: dict[str, str], s3: Seaweed, prefix: str) -> None:
-    """Run `cmd` and SIGKILL it once the bucket's pointer names a checkpoint (step 8 or later)."""
-    proc = started(cmd, env)
-    try:
-        wait_for(lambda: (pointer(s3, prefix) or {}).get("step", 0) >= 8, proc)
-        proc.send_signal(signal.SIGKILL)
-        assert proc.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill: nothing was tested"
-    finally:
-        proc.kill()
+    """Run `cmd` and SIGKILL it the moment the bucket's pointer names its first checkpoint (step 8), mid-run. The
+    kill comes from inside (KILLED_AT): a kill sent once a poll sees the pointer can land after the last step on a
+    loaded machine, when the run is already FINISHED and a re-run has nothing to resume."""
+    killed = run([sys.executable, "-c", KILLED_AT.format(after="checkpoints/latest.json"), *cmd[3:]], env)
+    assert killed.returncode == -signal.SIGKILL, f"the job ended before the kill: {killed.stderr[-3000:]}"
+    assert pointer(s3, prefix)["step"] == 8
 
 
 def pointer(s3: Seaweed, prefix: str) -> dict | None:
@@ -294,20 +292,20 @@ def test_a_run_killed_and_its_folder_deleted_resumes_from_the_bucket(tmp_path, d
     assert pointer(s3, "a")["step"] == 24 and pointer(s3, "a")["mlflow_run_id"] == got.info.run_id
 
 
-# The pre-training command, killed by SIGKILL once the checkpoint of step 16 is uploaded and before its hash and the
-# pointer are: the object is whole in the bucket, nothing names it.
-KILLED_IN_UPLOAD = textwrap.dedent(
+# The pre-training command, killed by SIGKILL right after the bucket receives its first object named `after` (the
+# test's stand-in for a machine lost at that moment).
+KILLED_AT = textwrap.dedent(
     """
     import os, signal, sys
     from electra_ablate.tracking import durable
     written = durable.RunArea._put_whole
     def put_whole(self, relative, data):
-        if relative == "checkpoints/step-0000000016.ckpt.sha256":
+        written(self, relative, data)
+        if relative == {after!r}:
             os.kill(os.getpid(), signal.SIGKILL)
-        return written(self, relative, data)
     durable.RunArea._put_whole = put_whole
     from electra_ablate import pretrain
-    sys.argv = ["pretrain", *sys.argv[1:]]
+    sys.argv = [pretrain.__file__, *sys.argv[1:]]  # as `python -m electra_ablate.pretrain` has it
     pretrain.cli_main()
     """
 )
@@ -316,7 +314,10 @@ KILLED_IN_UPLOAD = textwrap.dedent(
 def test_a_kill_during_an_upload_leaves_the_pointer_on_the_previous_checkpoint(tmp_path, data_dir, token_cache, s3,
                                                                                straight):
     cmd = command(tmp_path, data_dir, token_cache, "b")
-    killed = run([sys.executable, "-c", KILLED_IN_UPLOAD, *cmd[3:]], s3.env())
+    # Killed once the checkpoint of step 16 is uploaded with its hash, before the pointer: the object is whole in the
+    # bucket, nothing names it.
+    killed = run([sys.executable, "-c", KILLED_AT.format(after="checkpoints/step-0000000016.ckpt.sha256"), *cmd[3:]],
+                 s3.env())
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert pointer(s3, "b")["step"] == 8
     assert s3.client().glob("runs/b/pretrain/*/*/checkpoints/step-0000000016.ckpt")  # there, but not pointed at
