@@ -382,6 +382,32 @@ def test_allocator_section_times_each_preset_step_in_two_processes_default_then_
     assert text.count("| kept |") == 4 and text.count("| default |") == 4
 
 
+def test_head_section_times_the_head_three_ways_and_its_row_blocks_match_eager_to_the_bit(tmp_path, data_dir):
+    from electra_ablate.bench import sections_head
+
+    out = tmp_path / "head.md"
+    argv = ["--quick", "--models", "tiny", "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(out), "--sections", "head", "--threads", "1", "--warmup", "1", "--piece-reps", "2",
+            "--override", "data.batch_size=2", *[x for o in TINY for x in ("--override", o)],
+            "--override", "model.max_position_embeddings=128"]
+    rep = cli.main(argv)
+    assert [r["variant"] for r in rep.head] == ["eager", "row blocks", "compiled"]
+    eager, blocks, compiled = rep.head
+    # 2 sequences x 19 slots (int((0.15 + 0.005) x 128)) by the vocabulary of the test data's vocab.txt.
+    assert (eager["rows"], eager["vocab"]) == (38, 2200) and eager["speedup"] == 1.0
+    assert eager["differs"] == "none" and blocks["differs"] == "none"  # the same kernels row by row: the same bits
+    assert "samples" in compiled["differs"] and compiled["compile_s"] >= 0  # inductor draws its own numbers
+    assert all(r["s"] > 0 and len(r["times"]) == 2 for r in rep.head)
+    assert [r["pass"] for r in rep.head_passes] == [name for name, _, _ in sections_head.PASSES]
+    assert all(r["s"] > 0 and r["gb_s"] > 0 for r in rep.head_passes)
+    text = out.read_text()
+    assert "## The vocabulary head's passes over the logits" in text and "| row blocks |" in text
+    # The row blocks differ from eager where eager does: a block that ends mid-batch, and unused slots.
+    case = sections_head.HeadCase(sections_head.BLOCK_ROWS * 2 + 3, 8, 50)
+    assert sections_head._differences(case.run(sections_head.blocked_head), case.run(sections_head.eager_head)) == "none"
+    assert sections_head._differences((torch.ones(1),) * 6, (torch.zeros(1),) * 6).startswith("loss (1 of 1)")
+
+
 def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_path, data_dir):
     from electra_ablate.bench import sections_profile as prof
 

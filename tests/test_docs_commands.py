@@ -432,6 +432,10 @@ COMMANDS: dict[str, Smoke | Skip] = {
      "--threads 1 --out reports/benchmarks_profile.md"):
         Skip("times the 30k preset's steps kernel by kernel on the real corpus (minutes); tests/test_bench.py runs the "
              "section at test sizes"),
+    ("OMP_NUM_THREADS=1 python -m electra_ablate.bench --models tiny --sections head --warmup 2 --piece-reps 7 "
+     "--threads 1 --out reports/benchmarks_head.md"):
+        Skip("times the 30k preset's vocabulary head three ways (a compile and the full 30,522-way logits, minutes); "
+             "tests/test_bench.py runs the section at test sizes"),
     "python -m electra_ablate.bench --models tiny --sections pretrain,capture --out reports/benchmarks_peak.md":
         Skip("times ours against transformers and compiles the whole step on the real corpus (minutes); "
              "tests/test_bench.py runs the pretrain section at test sizes, the GPU check's smoke run the capture one"),

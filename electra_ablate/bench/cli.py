@@ -42,6 +42,7 @@ from electra_ablate.bench.sections_pipeline import section_build, section_data, 
 from electra_ablate.bench.sections_allocator import allocator_probe, section_allocator
 from electra_ablate.bench.sections_presets import section_presets
 from electra_ablate.bench.sections_profile import section_profile
+from electra_ablate.bench.sections_head import section_head
 from electra_ablate.bench.sections_throughput import section_throughput, throughput_probe
 from electra_ablate.bench.sections_speed import (section_bert, section_compile, section_pieces, section_pretrain,
                                                  section_shapes)
@@ -184,6 +185,8 @@ def run(s: Settings) -> Report:
         section_allocator(s, rep)
     if "profile" in s.sections:
         section_profile(s, rep)
+    if "head" in s.sections:
+        section_head(s, rep)
     rep.machine["load_end"] = os.getloadavg()
     rep.notes += [
         "The reference masks tokens with this package's `mask_tokens` (the same cost as ours) and computes no "

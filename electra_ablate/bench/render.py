@@ -21,7 +21,7 @@ def render(rep: Report) -> str:
     parts = (_header, _pretrain, _gpu, sections.equal_work, sections.shapes, sections.pieces, sections.compiled,
              sections.capture, sections.loop, sections.bert, sections.finetune, sections.data_loader, sections.memory,
              sections.syncs, sections.corpus_build, sections.throughput, sections.presets, _allocator, _profile,
-             sections.notes)
+             _head, sections.notes)
     return "\n".join(line for part in parts for line in part(rep))
 
 
@@ -51,7 +51,7 @@ def _header(rep: Report) -> list[str]:
 
 
 # Sections that say how they time in their own text; the header's timing line is about the others.
-OWN_TIMING = {"build", "throughput", "presets", "allocator", "profile"}
+OWN_TIMING = {"build", "throughput", "presets", "allocator", "profile", "head"}
 
 
 def _timing(rep: Report) -> list[str]:
@@ -244,4 +244,30 @@ def _profile(rep: Report) -> list[str]:
               + ", ".join(f"`{op}` {s_op:.3f}" for op, s_op in r["largest"][name]) + " |"
               for name, sec in r["families"].items()]
         L.append("")
+    return L
+
+
+def _head(rep: Report) -> list[str]:
+    """The vocabulary head three ways, and each of its passes alone with the bytes it moves per second."""
+    if not rep.head:
+        return []
+    s, first = rep.settings, rep.head[0]
+    L = ["## The vocabulary head's passes over the logits", "",
+         f"The generator's head of a `cpu_regime_30k` ELECTRA step on its own ({first['rows']} prediction slots x "
+         f"{first['width']} -> {first['vocab']} pieces, bf16 autocast, fp32 loss, accuracy and inverse-CDF sampler), "
+         f"forward and backward, {s.warmup} warm-up and {s.piece_reps} timed calls each, interleaved, {s.threads} "
+         "thread(s), medians (electra_ablate/bench/sections_head.py). eager: the objectives' code; row blocks: the same "
+         "kernels on blocks of rows small enough to stay in cache, the log-softmax recomputed in backward; compiled: "
+         "torch.compile of the eager code (inductor draws the sampler's uniforms with its own generator, so its samples "
+         "differ by design). Differs: what is not equal to eager's, bit for bit.", "",
+         "| variant | ms forward and backward | vs eager | compile (s) | differs from eager |", "|---|---|---|---|---|"]
+    L += [f"| {r['variant']} | {1000 * r['s']:.1f} | {r['speedup']:.2f}x | "
+          f"{r['compile_s']:.1f} | {r['differs']} |" if "compile_s" in r else
+          f"| {r['variant']} | {1000 * r['s']:.1f} | {r['speedup']:.2f}x |  | {r['differs']} |" for r in rep.head]
+    L += ["", "Each pass over the full logits alone (fp32 unless named), and the bytes it must read and write per "
+          "second: a pass far below the copy's rate is bound by its arithmetic, not by memory.", "",
+          "| pass | ms | GB/s moved |", "|---|---|---|"]
+    L += [f"| {r['pass']} | {1000 * r['s']:.1f} | {r['gb_s']:.1f} |" for r in rep.head_passes]
+    L += ["", "Calls (ms), in order: " + "; ".join(
+        f"{r['variant']}: {', '.join(f'{1000 * x:.1f}' for x in r['times'])}" for r in rep.head), ""]
     return L

@@ -69,7 +69,7 @@ def default_precisions(device_type: str) -> tuple[str, ...]:
 
 
 SECTIONS = ("pretrain", "equal", "shapes", "pieces", "compile", "bert", "finetune", "data", "memory", "sync", "build",
-            "throughput", "presets", "allocator", "profile", "capture", "loop")
+            "throughput", "presets", "allocator", "profile", "head", "capture", "loop")
 # The sections a plain `python -m electra_ablate.bench` runs: capture and loop compile and train, for the GPU check
 # (scripts/gpu_check.sh) or on request.
 DEFAULT_SECTIONS = SECTIONS[:-2]
@@ -129,6 +129,8 @@ class Report:
     loop: list[dict] = field(default_factory=list)
     allocator: list[dict] = field(default_factory=list)
     profile: list[dict] = field(default_factory=list)
+    head: list[dict] = field(default_factory=list)  # the vocabulary head three ways (sections_head.py)
+    head_passes: list[dict] = field(default_factory=list)  # each pass over its logits alone
     notes: list[str] = field(default_factory=list)
 
 
