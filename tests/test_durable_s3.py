@@ -380,11 +380,12 @@ def test_the_server_gone_for_good_stops_the_job_with_one_line_naming_the_store(t
 
 def test_a_second_output_folder_with_the_same_identity_is_refused_naming_the_owner(tmp_path, data_dir, token_cache,
                                                                                     s3):
-    first = started(command(tmp_path / "one", data_dir, token_cache, "d"), s3.env())
+    # LONGER: the owner is still training when its lease is seen, however fast the machine.
+    first = started(command(tmp_path / "one", data_dir, token_cache, "d", *LONGER), s3.env())
     try:
         wait_for(lambda: bool(s3.client().glob("runs/d/pretrain/*/*/lease.json")), first)
         first.send_signal(signal.SIGSTOP)  # the owner, alive and within its lease, however fast its steps are
-        second = run(command(tmp_path / "two", data_dir, token_cache, "d"), s3.env())
+        second = run(command(tmp_path / "two", data_dir, token_cache, "d", *LONGER), s3.env())
     finally:
         first.send_signal(signal.SIGCONT)
         first.send_signal(signal.SIGTERM)
