@@ -148,14 +148,18 @@ def section_head(s: Settings, rep: Report) -> None:
     try:
         n, width, vocab = head_shape(s)
         case = HeadCase(n, width, vocab)
-        compiled = torch.compile(eager_head)
-        t0 = time.perf_counter()
-        compiled_out = case.run(compiled)
-        first_s = time.perf_counter() - t0
-        variants = {"eager": eager_head, "row blocks": blocked_head, "compiled": compiled}
+        variants = {"eager": eager_head, "row blocks": blocked_head}
         want = case.run(eager_head)
-        same = {"eager": "none", "row blocks": _differences(case.run(blocked_head), want),
-                "compiled": _differences(compiled_out, want)}
+        same = {"eager": "none", "row blocks": _differences(case.run(blocked_head), want)}
+        compiled, first_s = torch.compile(eager_head), 0.0
+        try:
+            t0 = time.perf_counter()
+            compiled_out = case.run(compiled)
+            first_s = time.perf_counter() - t0
+            variants["compiled"], same["compiled"] = compiled, _differences(compiled_out, want)
+        except Exception as error:  # inductor needs a C++ compiler on CPU: the other rows still say what they say
+            rep.notes.append(f"The head's compiled variant was not timed: torch.compile failed ({type(error).__name__}).")
+            log(f"head compiled: not timed ({type(error).__name__}: {str(error)[:200]})")
         for _ in range(s.warmup):
             for fn in variants.values():
                 case.run(fn)
