@@ -382,7 +382,8 @@ def test_allocator_section_times_each_preset_step_in_two_processes_default_then_
     assert text.count("| kept |") == 4 and text.count("| default |") == 4
 
 
-def test_head_section_times_the_head_three_ways_and_its_row_blocks_match_eager_to_the_bit(tmp_path, data_dir):
+def test_head_section_times_the_head_three_ways_and_its_row_blocks_match_eager_to_the_bit(tmp_path, data_dir,
+                                                                                          monkeypatch):
     from electra_ablate.bench import sections_head
 
     out = tmp_path / "head.md"
@@ -406,6 +407,16 @@ def test_head_section_times_the_head_three_ways_and_its_row_blocks_match_eager_t
     case = sections_head.HeadCase(sections_head.BLOCK_ROWS * 2 + 3, 8, 50)
     assert sections_head._differences(case.run(sections_head.blocked_head), case.run(sections_head.eager_head)) == "none"
     assert sections_head._differences((torch.ones(1),) * 6, (torch.zeros(1),) * 6).startswith("loss (1 of 1)")
+    # Without a working torch.compile (inductor needs a C++ compiler) the other rows are still timed, and it says so.
+    def no_compiler(fn):
+        def failing(*args, **kwargs):
+            raise RuntimeError("no C++ compiler")
+        return failing
+
+    monkeypatch.setattr(sections_head.torch, "compile", no_compiler)
+    rep = cli.main(argv)
+    assert [r["variant"] for r in rep.head] == ["eager", "row blocks"]
+    assert "torch.compile failed (RuntimeError)" in out.read_text()
 
 
 def test_profile_section_puts_every_operation_of_the_30k_step_in_a_family(tmp_path, data_dir):
