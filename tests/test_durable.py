@@ -1,8 +1,9 @@
-"""A run's resumable state on durable storage (`paths.durable_root`), on fsspec's in-memory and local file systems:
-the pointer is written only after a whole upload, a download checks the hash and never picks a half-written
-object, the newest K are kept, a store that stops answering is retried and then named in one line, one lease per
-run, bad input before compute, and a pre-training run whose local folder is deleted resumes from the store to the
-same losses. The same against a real S3 server: tests/test_durable_s3.py (slow)."""
+"""A run's resumable state on durable storage (`paths.durable_root`), on fsspec's in-memory and local file systems
+and, in the slow run, the same store-level tests on moto's S3 server (tests/s3_server.py): the pointer is written
+only after a whole upload, a download checks the hash and never picks a half-written object, the newest K are kept,
+a store that stops answering is retried and then named in one line, one lease per run, bad input before compute,
+and a pre-training run whose local folder is deleted resumes from the store to the same losses. The real
+pre-training command against a real S3 server (SeaweedFS): tests/test_durable_s3.py (slow)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from s3_server import Moto, moto_binary
 
 from electra_ablate import pretrain
 from electra_ablate.common import io
@@ -26,10 +28,39 @@ from electra_ablate.tracking.lease import Lease, LeaseHeld
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def area(tmp_path):
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    """moto's S3 server on loopback, for the whole module (each test gets a prefix of its own)."""
+    pytest.importorskip("s3fs", reason="s3fs is missing: pip install 'electra-ablate[durable]'")
+    if moto_binary() is None:
+        pytest.skip("no moto_server: pip install 'electra-ablate[durable]'")
+    server = Moto(tmp_path_factory.mktemp("moto"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def client_of(server: Moto, monkeypatch) -> None:
+    """This process as a client of `server`: its endpoint and keys, and no other AWS configuration."""
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in server.env().items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.slow)])
+def area(request, tmp_path, monkeypatch):
+    """A run's area under a local folder, or (slow) under a bucket of moto's S3 server; `root` names another."""
+    base = f"file://{tmp_path}/bucket"
+    if request.param == "s3":
+        client_of(request.getfixturevalue("moto"), monkeypatch)
+        base = f"s3://runs/{request.node.name.replace('[', '-').rstrip(']')}"
+
     def make(root: str | None = None, **settings) -> RunArea:
-        return RunArea(Settings(root or f"file://{tmp_path}/bucket", **settings), "pretrain/exp/abc123")
+        return RunArea(Settings(root or base, **settings), "pretrain/exp/abc123")
 
     return make
 
@@ -59,8 +90,8 @@ def test_a_kill_during_an_upload_leaves_the_pointer_on_the_previous_checkpoint(t
     store.upload_checkpoint(checkpoint(tmp_path, 8), 8, "run-1")
 
     def killed_half_way(local, remote, **kwargs):  # half of the object written, then the process is gone
-        Path(remote).parent.mkdir(parents=True, exist_ok=True)
-        Path(remote).write_bytes(Path(local).read_bytes()[:300])
+        store.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
+        store.fs.pipe_file(remote, Path(local).read_bytes()[:300])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(store.fs, "put_file", killed_half_way)
@@ -78,16 +109,16 @@ def test_a_checkpoint_that_does_not_match_its_hash_is_never_picked(tmp_path, are
     store = area()
     for step in (8, 16):
         store.upload_checkpoint(checkpoint(tmp_path, step), step, "run-1")
-    (Path(store.path) / "checkpoints" / "step-0000000016.ckpt").write_bytes(b"not whole")
+    store.fs.pipe_file(f"{store.path}/checkpoints/step-0000000016.ckpt", b"not whole")
     (tmp_path / "got.ckpt").write_bytes(b"before")
     assert store.download_checkpoint(tmp_path / "got.ckpt", None) == 8  # the older one, by its sidecar's hash
     assert (tmp_path / "got.ckpt").read_bytes() == checkpoint(tmp_path, 8).read_bytes()
-    (Path(store.path) / "checkpoints" / "step-0000000008.ckpt").unlink()
+    store.fs.rm_file(f"{store.path}/checkpoints/step-0000000008.ckpt")
     assert store.download_checkpoint(tmp_path / "none.ckpt", None) is None and not (tmp_path / "none.ckpt").exists()
 
 
-def test_an_unanswering_store_is_retried_then_named_in_one_line(tmp_path, area, monkeypatch):
-    store = area("memory://bucket/prefix", retry_s=7, lease_s=60)
+def test_an_unanswering_store_is_retried_then_named_in_one_line(tmp_path, monkeypatch):
+    store = RunArea(Settings("memory://bucket/prefix", retry_s=7, lease_s=60), "pretrain/exp/abc123")
     waits = []
     monkeypatch.setattr(durable.time, "sleep", waits.append)
     failures = iter([ConnectionError("refused"), ConnectionError("refused")])
@@ -123,7 +154,7 @@ def test_exported_networks_come_back_whole_or_not_at_all(tmp_path, area):
     got = store.download_dirs(tmp_path / "back", lambda name: True)
     assert got == {"step_12": (12, tmp_path / "back" / "step_12")}
     assert (tmp_path / "back" / "step_12" / "sub" / "weights.bin").read_bytes() == b"w" * 100
-    (Path(store.path) / "pretrained" / "step_12" / "sub" / "weights.bin").write_bytes(b"half")
+    store.fs.pipe_file(f"{store.path}/pretrained/step_12/sub/weights.bin", b"half")
     assert store.download_dirs(tmp_path / "again", lambda name: True) == {}
     assert not (tmp_path / "again" / "step_12").exists()
 
@@ -171,6 +202,15 @@ def test_a_bad_durable_root_is_refused_with_the_key_and_the_fix(root, says):
     with pytest.raises(DurableStoreError, match=says) as refused:
         durable.check(Settings(root))
     assert f"paths.durable_root={root}" in str(refused.value)
+
+
+@pytest.mark.slow
+def test_a_bucket_that_does_not_exist_is_refused_by_an_s3_server(moto, monkeypatch):
+    client_of(moto, monkeypatch)
+    durable.check(Settings("s3://runs/electra"))  # the bucket the server has
+    with pytest.raises(DurableStoreError, match="the bucket or folder does not exist") as refused:
+        durable.check(Settings("s3://no-such-bucket/electra"))
+    assert "paths.durable_root=s3://no-such-bucket/electra" in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_the_durable_root_stays_out_of_the_run_identity(tmp_path, pretrain_cfg, monkeypatch):
