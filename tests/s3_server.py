@@ -6,6 +6,7 @@ implementation of the S3 API as s3fs tests itself against: it keeps its objects 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -33,6 +34,16 @@ def moto_binary() -> str | None:
     """The `moto_server` of this Python's environment, else one on PATH."""
     here = Path(sys.executable).parent / "moto_server"
     return str(here) if here.is_file() else shutil.which("moto_server")
+
+
+@contextlib.contextmanager
+def running(server: Seaweed):
+    """`server` started, and stopped whole however the block ends."""
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def free_ports(n: int) -> list[int]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from s3_server import Moto, moto_binary
+from s3_server import Moto, moto_binary, running
 
 from electra_ablate import pretrain
 from electra_ablate.common import io
@@ -34,12 +34,8 @@ def moto(tmp_path_factory):
     pytest.importorskip("s3fs", reason="s3fs is missing: pip install 'electra-ablate[durable]'")
     if moto_binary() is None:
         pytest.skip("no moto_server: pip install 'electra-ablate[durable]'")
-    server = Moto(tmp_path_factory.mktemp("moto"))
-    server.start()
-    try:
+    with running(Moto(tmp_path_factory.mktemp("moto"))) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def client_of(server: Moto, monkeypatch) -> None:

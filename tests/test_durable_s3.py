@@ -22,7 +22,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from s3_server import Seaweed, weed_binary
+from s3_server import Seaweed, running, weed_binary
 from team_server import Postgres, team_mlflow
 from team_server import missing as missing_pg
 from test_reliability import REPO, history, pretrain_command
@@ -41,12 +41,8 @@ METRICS = ("train/loss", "train/disc_loss", "train/masked_lm_accuracy", "train/d
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     pytest.importorskip("s3fs", reason="s3fs is missing: pip install 'electra-ablate[durable]'")
-    server = Seaweed(tmp_path_factory.mktemp("seaweed"))
-    server.start()
-    try:
+    with running(Seaweed(tmp_path_factory.mktemp("seaweed"))) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def command(root: Path, data_dir: Path, cache: Path, prefix: str | None, *extra: str) -> list[str]:
