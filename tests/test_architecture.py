@@ -15,14 +15,15 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: set[str] = set()
 
 # Lower layers never import higher ones. Entry points: pretrain, finetune, export, submit, sweep, report, bench,
-# probes (the research probes build on the bench's reference; the bench never imports them).
+# probes (the research probes build on the bench's reference; the bench never imports them), results (a sweep's
+# runs as files and back, rendered by the report; neither imports it).
 LAYERS = {
     "common": 0, "tracking": 0,
     "models": 1, "data": 1, "optim": 1,
     "objectives": 2, "generators": 2, "sharing": 2, "weighting": 2,
     "training": 3, "finetuning": 3, "algorithms": 3, "glue": 3, "hf": 3,
     "pretrain": 4, "finetune": 4, "export": 4, "submit": 4, "sweep": 4, "report": 4, "bench": 4,
-    "probes": 4,
+    "probes": 4, "results": 4,
 }
 
 

@@ -23,6 +23,7 @@ seed), newest finished first.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import hydra
@@ -44,6 +45,8 @@ from electra_ablate.sweep.compose import SweepContext, context_from_cfg
 from electra_ablate.sweep.spec import REPO_ROOT
 from electra_ablate.tracking import runs as tracking
 
+BUNDLE_DIR = "runs"  # reports/<report>/runs: the results bundle the report re-renders from (electra_ablate.results)
+
 
 def write_report(ctx: SweepContext, client, report_dir: str | Path, running_sweep_run: str | None = None,
                  running_wall_time: float | None = None, echo: bool = True) -> Path:
@@ -56,6 +59,9 @@ def write_report(ctx: SweepContext, client, report_dir: str | Path, running_swee
     # The markdown is written first and put in place last, after the figure folder it points at: leaving the
     # `with`, the folder is swapped in, then the markdown; an error on the way leaves the old report whole.
     with atomic_file(report_dir / f"{name}.md") as md_tmp, atomic_dir(report_dir / name) as staging:
+        kept = report_dir / name / BUNDLE_DIR
+        if kept.is_dir():  # the results bundle beside the report is the runs', not the rendering's: it stays
+            shutil.copytree(kept, staging / BUNDLE_DIR)
         text, results, under = _render_into(ctx, client, data, summary, staging, running_sweep_run, running_wall_time)
         md_tmp.write_text(portable(text))
     feeds = holds.is_cpu_scale(ctx.spec) or ctx.spec.report_name == headline.PROTOCOL  # README's and findings' lines

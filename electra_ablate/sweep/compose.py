@@ -108,6 +108,7 @@ class SweepContext:
     pretrain_overrides: list[str]
     finetune_overrides: list[str]
     workdir: Path  # <output_root>/sweeps/<name>/<scale>
+    bundle: str | None = None  # the results bundle the store was made from, when the report is rendered from one
 
     @property
     def experiment(self) -> str:

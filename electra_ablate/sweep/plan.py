@@ -16,6 +16,7 @@ from electra_ablate.sweep.compose import FINETUNE_GROUP, SweepContext, compose_s
 from electra_ablate.sweep.jobs import RANDOM_SOURCE, Checkpoint, FinetuneKey, PretrainJob
 from electra_ablate.sweep.spec import SweepSpec
 from electra_ablate.tracking import runs as tracking
+from electra_ablate.tracking.origin import is_imported, origin_id
 from electra_ablate.training import pretraining
 
 class PretrainState(NamedTuple):
@@ -25,6 +26,9 @@ class PretrainState(NamedTuple):
     failed: Any  # the newest unfinished (FAILED / RUNNING / KILLED) run when none finished, or None
     max_steps: int
     outputs_missing: bool = False  # FINISHED, but its pre-trained directories are gone: pre-training runs again
+    # FINISHED in another store and imported from a results bundle without its pre-trained directories: never
+    # trained again (its results are here); a fine-tuning job that needs them is refused (missing_exports)
+    imported_without_exports: bool = False
 
     @property
     def latest(self) -> Any:
@@ -51,7 +55,9 @@ def pretrain_states(ctx: SweepContext, client) -> list[PretrainState]:
         finished = next((r for r in runs if r.info.status == "FINISHED"), None)
         failed = None if finished is not None or not runs else runs[0]
         missing = finished is not None and bool(pretraining.missing_outputs(finished))
-        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing))
+        imported = missing and is_imported(finished)
+        out.append(PretrainState(job, cfg_hash, finished, failed, int(cfg.trainer.max_steps), missing and not imported,
+                                 imported))
     return out
 
 
@@ -64,7 +70,7 @@ def checkpoints_of(state: PretrainState, fractions: Sequence[float]) -> tuple[li
     for f in fractions:
         step = final_step if f == 1.0 else int(round(f * state.max_steps))
         if step in saved or f == 1.0:
-            found.append(Checkpoint(state.job.variant, state.job.seed, run.info.run_id, step, f == 1.0, f))
+            found.append(Checkpoint(state.job.variant, state.job.seed, origin_id(run), step, f == 1.0, f))
         else:
             missing.append(f"{state.job.variant} seed {state.job.seed}: no checkpoint at step {step} ({f:g} of {state.max_steps})")
     return found, missing
@@ -82,7 +88,7 @@ def saved_so_far(state: PretrainState, fractions: Sequence[float]) -> list[Check
     for f in fractions:
         step = int(round(f * state.max_steps))
         if f < 1.0 and step in saved and pretraining.is_complete(saved[step]):
-            found.append(Checkpoint(state.job.variant, state.job.seed, run.info.run_id, step, False, f))
+            found.append(Checkpoint(state.job.variant, state.job.seed, origin_id(run), step, False, f))
     return found
 
 
@@ -206,6 +212,22 @@ def finetune_plan(ctx: SweepContext, client) -> tuple[list[tuple[Checkpoint, str
     todo = [(c, t, s) for c in checkpoints for t in ctx.spec.tasks for s in ctx.spec.seeds
             if matches(done, key_of(c, t, s), hashes[(c.config_name, t, s)]) is None]
     return todo, checkpoints, notes
+
+
+def missing_exports(ctx: SweepContext, client, todo: Sequence[tuple[Checkpoint, str, int]]) -> list[str]:
+    """The pre-trained directories that planned fine-tuning jobs need and this store lacks: those of runs imported
+    from a results bundle without them (electra_ablate.results), one line each."""
+    states = {origin_id(s.run): s for s in pretrain_states(ctx, client) if s.imported_without_exports}
+    lines = []
+    for c in dict.fromkeys(c._replace(recipe=None) for c, _, _ in todo):
+        state = states.get(c.run_id)
+        if state is None:
+            continue
+        tags = state.run.data.tags
+        saved = json.loads(tags.get("checkpoints", "{}"))
+        where = saved.get(str(c.step)) or tags.get(tracking.TAG_CHECKPOINT, "?")
+        lines.append(f"{c.variant} seed {c.pretrain_seed} step {c.step}: {where} (pre-training run {c.run_id})")
+    return lines
 
 
 def available_tasks(ctx: SweepContext) -> list[str] | None:

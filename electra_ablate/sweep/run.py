@@ -44,7 +44,7 @@ from electra_ablate.sweep import cost
 from electra_ablate.sweep import precision as sweep_precision
 from electra_ablate.sweep.compose import FINETUNE_GROUP, PRETRAIN_GROUP, SweepContext, context_from_cfg, validate
 from electra_ablate.sweep.launch import check_launcher, launch, launcher_overrides, multirun_command, shell_join
-from electra_ablate.sweep.plan import available_tasks, finetune_plan, pretrain_states
+from electra_ablate.sweep.plan import available_tasks, finetune_plan, missing_exports, pretrain_states
 from electra_ablate.sweep.progress import PhaseConsole
 from electra_ablate.sweep.provenance import environment, process, process_gone
 from electra_ablate.sweep.spec import REPO_ROOT, SweepError
@@ -131,6 +131,15 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
                         "its GLUE score over the other tasks, naming the skipped ones once (glue_data.source=hf reads "
                         "them from the Hugging Face hub)", ", ".join(glue.get_task(t).dir_name for t in absent))
             todo = [j for j in todo if j[1] in available]
+    absent = missing_exports(ctx, client, todo)
+    if absent:
+        said = (f"{len(todo)} fine-tuning job(s) need pre-trained directories this store lacks (their runs were "
+                f"imported from a results bundle without weights): {absent[0]}" + (f" and {len(absent) - 1} more"
+                if len(absent) > 1 else "") + "; put the store's exports there (for cpu_long: python "
+                "../shared/cpu_long/restore.py DEST) or run the sweep in the store the runs came from")
+        if not dry_run:
+            raise SweepError(said)
+        print(f"finetune: would be refused: {said}", flush=True)
     result = PhaseResult("finetune", jobs=len(todo), planned=todo)
     if not todo:
         print("finetune: 0 job(s) launched (nothing left to run)", flush=True)

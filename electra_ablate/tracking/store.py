@@ -26,6 +26,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from electra_ablate.tracking.origin import OriginClient
+
 log = logging.getLogger(__name__)
 
 # Creating a store takes ~2 s (MLflow's migrations); a process waiting this long is stuck behind a hung one.
@@ -112,12 +114,13 @@ def _recovery(path: Path, problem: str, runs: int) -> str:
 
 
 def open_client(uri: str):
-    """An MlflowClient for `uri`; a SQLite store is checked, created and migrated under a file lock."""
+    """An MlflowClient for `uri` in which imported runs go by their original ids (tracking/origin.py); a SQLite
+    store is checked, created and migrated under a file lock."""
     from mlflow.tracking import MlflowClient
 
     path = sqlite_path(uri)
     if path is None or str(path) in _CHECKED:
-        return MlflowClient(uri)
+        return OriginClient(MlflowClient(uri))
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(f"{path}.lock", timeout=STORE_LOCK_TIMEOUT_S)
     try:
@@ -142,7 +145,7 @@ def open_client(uri: str):
         except Exception as e:
             raise StoreError(_recovery(path, f"MLflow could not open it ({e})", runs)) from e
         _CHECKED.add(str(path))
-        return client
+        return OriginClient(client)
     finally:
         lock.release()
 
