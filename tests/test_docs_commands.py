@@ -402,6 +402,22 @@ COMMANDS: dict[str, Smoke | Skip] = {
         Skip("the long run's finals under a second recipe: about 9 core-hours on the long run's store; every job's "
              "config composes (test_documented_command_composes), tests/test_recipes.py runs the recipe axis on a "
              "store it fills, and tests/test_cpu_long_store.py checks its dry run plans exactly 60 runs on the store"),
+    # docs/usage.md: results bundles
+    "ELECTRA_ABLATE_HOME=/path/to/store python -m electra_ablate.results export sweep=cpu_long":
+        Skip("reads the long run's store (../shared/cpu_long restored; minutes); reports/cpu_long/runs is what it "
+             "wrote, and tests/test_results.py exports stores it fills, byte for byte twice"),
+    "python -m electra_ablate.results render sweep=cpu_long report_dir=/tmp/check":
+        Skip("renders the long run's 339 runs (minutes); tests/test_results.py::"
+             "test_a_committed_report_re_renders_from_its_bundle_alone (slow) runs it for every committed bundle"),
+    "diff <(sed 1,3d reports/cpu_long.md) <(sed 1,3d /tmp/check/cpu_long.md)":
+        Skip("compares the render above with the committed report; "
+             "tests/test_results.py::test_a_committed_report_re_renders_from_its_bundle_alone (slow) does the same"),
+    "python -m electra_ablate.results render sweep=cpu_long bootstrap_seed=1 report_dir=/tmp/seed1":
+        Skip("renders the long run's 339 runs (minutes); tests/test_results.py renders bundles, and draws a report's "
+             "bootstraps from another seed"),
+    "ELECTRA_ABLATE_HOME=/path/to/store python -m electra_ablate.results import sweep=cpu_long_protocol":
+        Skip("merges into the long run's store (minutes); tests/test_results.py imports into stores it fills: "
+             "skipped runs, conflicts, a live writer"),
     "python -m electra_ablate.report sweep=cpu_regime_30k":
         Smoke((REPORT_DIR,), check=check_report("cpu_regime_30k", ("electra", "bert"), ran=False)),
     # docs/usage.md: the probes

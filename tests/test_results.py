@@ -164,6 +164,20 @@ def test_a_round_trip_plans_nothing_renders_the_same_report_and_exports_the_same
     assert _import(there, bundle_dir, data_dir)[1].written == []
 
 
+def test_another_bootstrap_seed_redraws_every_interval_and_says_so(source, tmp_path):
+    from electra_ablate.report import multibootstrap as mb
+    from electra_ablate.report import stats
+
+    ctx, client, _ = source
+    zero = write_report(ctx, client, tmp_path / "zero", echo=False).read_text()
+    one = write_report(ctx, client, tmp_path / "one", echo=False, bootstrap_seed=1).read_text()
+    assert "2000 resamples, seed 0)" in zero and "2000 resamples, seed 1)" in one
+    assert "1000 samples, seed 0)" in zero and "1000 samples, seed 1)" in one
+    interval = re.compile(r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]")
+    assert interval.findall(zero) != interval.findall(one)  # the multi-bootstrap's intervals, drawn again
+    assert stats.BOOTSTRAP_SEED == 0 == mb.SEED  # the setting lasts the one report
+
+
 def test_an_import_skips_the_runs_a_store_has_and_refuses_one_with_other_results(source, tmp_path, data_dir):
     ctx, _, bundle_dir = source
     # A store with its own pre-training of the same job (another network): refused, naming both, nothing written.
@@ -273,3 +287,30 @@ def test_a_job_that_needs_an_export_the_store_lacks_is_refused_before_compute(so
     (line,) = missing_exports(there, client, todo)
     assert re.match(r"\w+ seed 0 step 100: .*/pretrain/mini/[0-9a-f]+/pretrained/final \(pre-training run [0-9a-f]{32}\)",
                     line)
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = sorted(p.parent.parent for p in (REPO / "reports").glob("*/runs/manifest.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bundle_dir", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_a_committed_report_re_renders_from_its_bundle_alone(bundle_dir, tmp_path):
+    """No store and no ../shared: the report and its verdicts.json as committed, but for the line that dates it."""
+    import subprocess
+    import sys
+
+    manifest = json.loads((bundle_dir / "runs" / "manifest.json").read_text())
+    scale = [] if manifest["scale"] == "default" else [f"scale={manifest['scale']}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ELECTRA_ABLATE", "MLFLOW_"))}
+    env.update(ELECTRA_ABLATE_DATA=str(tmp_path / "no-data"), ELECTRA_ABLATE_HOME=str(tmp_path / "no-store"))
+    done = subprocess.run([sys.executable, "-m", "electra_ablate.results", "render", f"sweep={manifest['sweep']}",
+                           *scale, f"report_dir={tmp_path}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    name = manifest["report"]
+    dated = re.compile(rf"^Sweep `{manifest['sweep']}`.*do not edit by hand\.$", re.M)
+    committed, rendered = (REPO / "reports" / f"{name}.md").read_text(), (tmp_path / f"{name}.md").read_text()
+    assert dated.sub("", rendered) == dated.sub("", committed), f"reports/{name}.md is not what its bundle renders"
+    record = f"{name}/verdicts.json"
+    assert (tmp_path / record).read_text() == (REPO / "reports" / record).read_text()
+    assert not (tmp_path / "no-data").exists()

@@ -32,7 +32,8 @@ from omegaconf import DictConfig
 from electra_ablate.common import cli, console
 from electra_ablate.common.io import atomic_dir, atomic_file
 from electra_ablate.common.portable import portable
-from electra_ablate.report import arms, expected_max, headline, holds, outcome, precision, recipes, sensitivity, verdicts
+from electra_ablate.report import (arms, expected_max, headline, holds, outcome, precision, recipes, sensitivity, stats,
+                                   verdicts)
 from electra_ablate.report.collect import SweepData, collect
 from electra_ablate.report.figures import (generator_size_figure, glue_figure, learning_curves_figure, task_curves_figure,
                                            pretraining_curves_figure)
@@ -49,9 +50,16 @@ BUNDLE_DIR = "runs"  # reports/<report>/runs: the results bundle the report re-r
 
 
 def write_report(ctx: SweepContext, client, report_dir: str | Path, running_sweep_run: str | None = None,
-                 running_wall_time: float | None = None, echo: bool = True) -> Path:
+                 running_wall_time: float | None = None, echo: bool = True, bootstrap_seed: int | None = None) -> Path:
     """Write <report_dir>/<stem>.md and <report_dir>/<stem>/*.png atomically (the stem: spec.report_name);
-    returns the markdown's path. With `echo`, print what it says (report/outcome.py) to the console."""
+    returns the markdown's path. With `echo`, print what it says (report/outcome.py) to the console. Every bootstrap
+    of the report is drawn from `bootstrap_seed` (None: 0, the committed reports' seed)."""
+    with stats.bootstrap_seed(bootstrap_seed):
+        return _write(ctx, client, report_dir, running_sweep_run, running_wall_time, echo)
+
+
+def _write(ctx: SweepContext, client, report_dir: str | Path, running_sweep_run: str | None,
+           running_wall_time: float | None, echo: bool) -> Path:
     report_dir = Path(report_dir)
     name = ctx.spec.report_name
     data = collect(ctx, client)
@@ -137,7 +145,7 @@ def main(cfg: DictConfig) -> str:
     console.setup()
     ctx = context_from_cfg(cfg)
     client = tracking.setup(ctx.tracking_uri, ctx.experiment)
-    return str(write_report(ctx, client, cfg.report_dir))
+    return str(write_report(ctx, client, cfg.report_dir, bootstrap_seed=cfg.bootstrap_seed))
 
 
 @cli.one_line_errors

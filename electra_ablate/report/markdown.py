@@ -22,7 +22,8 @@ from electra_ablate.report.collect import SweepData
 from electra_ablate.report.paper import display_name, load_paper_results, paper_glue, paper_row
 from electra_ablate.report.provenance import vocabularies, vocabulary_warning
 from electra_ablate.report.curves import learning_section, short_glue
-from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, Summary, glue_of, pretrain_seed_glue
+from electra_ablate.report import stats as report_stats
+from electra_ablate.report.stats import BOOTSTRAP_SAMPLES, Summary, glue_of, pretrain_seed_glue
 from electra_ablate.report.tables import TASK_NAMES, fmt, signed, table
 
 def render(data: SweepData, summary: Summary, figures: Mapping[str, str], provenance: str,
@@ -103,7 +104,7 @@ def _glue_section(spec, summary: Summary, health: Mapping[str, Mapping[str, pr.C
         + (f" {precision.MARK} marks a cell whose runs mix precisions (Precision and hardware)." if marks else ""), ""]
     out += [table(*glue_table(spec, summary, health, paper, marks)), ""]
     if spec.baseline:
-        out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) of the "
+        out += [f"The interval is a percentile bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {report_stats.BOOTSTRAP_SEED}) of the "
                 f"difference in GLUE-of-medians, resampling each task's fine-tuning runs of both variants; an interval "
                 f"that contains 0 means these runs cannot tell the variant from {spec.baseline}."
                 + (" It pools the runs of every pre-training seed, so it understates how much pre-trained encoders "

@@ -239,7 +239,7 @@ class Bootstrap(NamedTuple):
 
 
 def bootstrap(arms: Mapping[str, Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]]],
-              tasks: Sequence[str] | None = None, samples: int = SAMPLES, seed: int = SEED) -> Bootstrap:
+              tasks: Sequence[str] | None = None, samples: int = SAMPLES, seed: int | None = None) -> Bootstrap:
     """Joint multi-bootstrap of any number of arms ({arm: {task: runs}}) on the tasks they all ran (GLUE
     order; or `tasks`): one draw of examples per task shared by every arm, one draw of groups per arm shared
     by its tasks. A task whose runs are RunScore (no predictions) is resampled over groups and runs only."""
@@ -247,7 +247,7 @@ def bootstrap(arms: Mapping[str, Mapping[str, Sequence[RunPredictions] | Sequenc
     if not tasks:
         raise MultiBootstrapError("no task has runs in every arm: " + "; ".join(
             f"{name}: {sorted(t for t, runs in arm.items() if runs)}" for name, arm in arms.items()))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(SEED if seed is None else seed)  # SEED: the report's bootstrap_seed setting
     draws = {name: _Arm({t: arm[t] for t in tasks}, rng, samples) for name, arm in arms.items()}
     per_task: dict[str, dict[str, ArmSamples]] = {}
     examples = {}
@@ -334,7 +334,7 @@ def notes(boot: Bootstrap, arms: Sequence[str]) -> tuple[str, ...]:
 
 def compare(a: Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]],
             b: Mapping[str, Sequence[RunPredictions] | Sequence[RunScore]], tasks: Sequence[str] | None = None,
-            samples: int = SAMPLES, seed: int = SEED, level: float = LEVEL,
+            samples: int = SAMPLES, seed: int | None = None, level: float = LEVEL,
             names: tuple[str, str] = ("A", "B")) -> Comparison:
     """Multi-bootstrap of arm A - arm B ({task: runs} each; RunScore runs for the fallback without
     predictions) on the tasks both ran (GLUE order), or `tasks`."""

@@ -5,6 +5,7 @@ difference from the baseline, learning curves and generator-size points.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,10 +15,27 @@ import pandas as pd
 
 from electra_ablate.glue import tasks as glue
 from electra_ablate.glue.metrics import glue_score
+from electra_ablate.report import multibootstrap as mb
 from electra_ablate.report.collect import SweepData, final_rows, is_missing
 
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
+
+
+@contextlib.contextmanager
+def bootstrap_seed(seed: int | None):
+    """Every bootstrap of a report (the percentile intervals here and the multi-bootstrap verdicts) drawn from
+    `seed` instead of 0 while the block runs, and the report says which (the report's `bootstrap_seed=`)."""
+    global BOOTSTRAP_SEED
+    if seed is None:
+        yield
+        return
+    before = BOOTSTRAP_SEED, mb.SEED
+    BOOTSTRAP_SEED = mb.SEED = int(seed)
+    try:
+        yield
+    finally:
+        BOOTSTRAP_SEED, mb.SEED = before
 
 
 def task_stats(scores: pd.DataFrame) -> pd.DataFrame:
@@ -68,14 +86,14 @@ def glue_of(medians: Mapping[str, float]) -> float | None:
 
 def bootstrap_difference(
     variant: Mapping[str, np.ndarray], baseline: Mapping[str, np.ndarray], samples: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED, level: float = 0.95,
+    seed: int | None = None, level: float = 0.95,
 ) -> tuple[float, float, float]:
     """(observed, low, high): the GLUE-of-medians difference variant - baseline and its percentile bootstrap
     interval, resampling each task's fine-tuning runs of each side independently (fixed seed)."""
     tasks = [t for t in variant if t in baseline and len(variant[t]) and len(baseline[t])]
     if not tasks:
         return math.nan, math.nan, math.nan
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(BOOTSTRAP_SEED if seed is None else seed)
 
     def glue_samples(runs: Mapping[str, np.ndarray]) -> np.ndarray:
         medians = []

@@ -191,7 +191,7 @@ def _needs(labels: Sequence[str], waiting: Mapping[str, str]) -> str:
 
 
 def verdicts(spec, final: pd.DataFrame, client, paper: Mapping, claims: Mapping | None = None,
-             samples: int = mb.SAMPLES, seed: int = mb.SEED,
+             samples: int = mb.SAMPLES, seed: int | None = None,
              predictions: Mapping[str, mb.RunPredictions | None] | None = None,
              waiting: Mapping[str, str] | None = None) -> list[Verdict]:
     """One verdict per claim of the sweep, from its final-checkpoint runs (`final`: report score rows;

@@ -101,7 +101,7 @@ def do_render(cfg: DictConfig, ctx: SweepContext) -> Path:
         os.environ["ELECTRA_ABLATE_HOME"] = str(store)  # the report names the store as $ELECTRA_ABLATE_HOME
         try:
             client, _ = _import_into(bundle, here, str(cfg.paths.data_dir))
-            return write_report(here, client, cfg.report_dir)
+            return write_report(here, client, cfg.report_dir, bootstrap_seed=cfg.bootstrap_seed)
         finally:
             if before is None:
                 os.environ.pop("ELECTRA_ABLATE_HOME", None)

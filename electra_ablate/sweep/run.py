@@ -58,10 +58,12 @@ log = logging.getLogger(__name__)
 class ReportWriter(Protocol):
     """Writes <report_dir>/<sweep>.md from the sweep's runs and returns its path; `running_sweep_run` is the
     sweep's own MLflow run, still RUNNING, and `running_wall_time` its seconds so far; with `echo`, prints what
-    the report says (its main table and verdicts) to the console."""
+    the report says (its main table and verdicts) to the console; `bootstrap_seed` draws every bootstrap from
+    another seed than the committed reports' 0."""
 
     def __call__(self, ctx: SweepContext, client, report_dir: Path, running_sweep_run: str | None = None,
-                 running_wall_time: float | None = None, echo: bool = True) -> Path: ...
+                 running_wall_time: float | None = None, echo: bool = True,
+                 bootstrap_seed: int | None = None) -> Path: ...
 
 
 @dataclass
