@@ -137,8 +137,8 @@ def run_finetune_phase(ctx: SweepContext, client, launcher: Sequence[str], dry_r
     if absent:
         said = (f"{len(todo)} fine-tuning job(s) need pre-trained directories this store lacks (their runs were "
                 f"imported from a results bundle without weights): {absent[0]}" + (f" and {len(absent) - 1} more"
-                if len(absent) > 1 else "") + "; put the store's exports there (for cpu_long: python "
-                "../shared/cpu_long/restore.py DEST) or run the sweep in the store the runs came from")
+                if len(absent) > 1 else "") + "; copy those folders from the store the runs came from, or import "
+                "the bundle into that store (cpu_long's: python ../shared/cpu_long/restore.py into a new folder)")
         if not dry_run:
             raise SweepError(said)
         print(f"finetune: would be refused: {said}", flush=True)
