@@ -6,8 +6,9 @@ plan nothing (every run identity of the store is still the one the code computes
 tests/test_identity_stability.py, on real runs), the report rendered there must equal `reports/cpu_long.md` and its
 `verdicts.json` but for the line that dates the rendering, and `table5_efficiency` at scale `cpu_long` must plan
 exactly its three new arms' pre-training (BERT, ELECTRA and random init are found in the store), and the protocol
-check `cpu_long_protocol` exactly the paper recipe's 60 fine-tuning runs. Slow (about four minutes on two cores);
-skipped with one line where the store is absent.
+check `cpu_long_protocol` exactly the paper recipe's 60 fine-tuning runs less those its committed results bundle
+(reports/cpu_long_protocol/runs) holds, imported as a session carrying the check on imports it. Slow (about six
+minutes on two cores); skipped with one line where the store is absent.
 """
 
 from __future__ import annotations
@@ -63,18 +64,58 @@ def test_the_committed_report_is_what_the_store_renders(restored, tmp_path):
     assert "rests on STS-B" in committed
 
 
-def test_the_protocol_check_plans_only_the_paper_recipe_s_sixty_runs(restored):
-    """sweep=cpu_long_protocol: the finals' cpu_glue runs and CoLA under paper_glue (not cut) are the store's."""
-    out = _run(["-m", "electra_ablate.sweep", "sweep=cpu_long_protocol", "dry_run=true"], restored)
+CHECK = REPO / "reports" / "cpu_long_protocol" / "runs"  # the protocol check's committed results bundle
+TASKS = ("sst2", "mrpc", "stsb", "rte")
+
+
+@pytest.fixture(scope="module")
+def with_check(restored, tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    """The restored store with the protocol check's bundle imported (as a session resuming the check starts), and
+    how many of its paper_glue runs per task are still to make."""
+    import pandas as pd
+
+    home = tmp_path_factory.mktemp("cpu_long_check") / "store"
+    _run([str(STORE / "restore.py"), str(home)], home)
+    left = {t: 15 for t in TASKS}
+    if (CHECK / "manifest.json").is_file():
+        out = _run(["-m", "electra_ablate.results", "import", "sweep=cpu_long_protocol"], home)
+        assert re.search(r"^imported \d+ run\(s\) .*; \d+ already there, skipped", out, re.M), out
+        runs = pd.read_csv(CHECK / "runs.csv.gz", dtype=str, keep_default_na=False)
+        tags = pd.read_csv(CHECK / "tags.csv.gz", dtype=str, keep_default_na=False)
+        base = pd.read_csv(REPO / "reports" / "cpu_long" / "runs" / "runs.csv.gz", dtype=str)
+        new = runs[(runs["kind"] == "finetune") & (runs["status"] == "FINISHED") & ~runs["run_id"].isin(base["run_id"])]
+        task = tags[tags["key"] == "task"].set_index("run_id")["value"]
+        for t in task.reindex(new["run_id"]):
+            left[t] -= 1
+    return home, left
+
+
+def test_the_protocol_check_plans_only_the_paper_recipe_s_runs_it_has_not_made(with_check):
+    """sweep=cpu_long_protocol: the finals' cpu_glue runs and CoLA under paper_glue (not cut) are the store's, and
+    the check's own runs are its bundle's: 60 runs in all, less those the bundle holds."""
+    home, left = with_check
+    out = _run(["-m", "electra_ablate.sweep", "sweep=cpu_long_protocol", "dry_run=true"], home)
     assert "pretrain: 0 job(s) launched (all 2 already finished)" in out, out
-    assert "finetune: 60 job(s) launched (dry run: printed above, not run)" in out, out
-    assert ("+sweep_checkpoint=bert-s0-final-paper_glue,electra-s0-final-paper_glue,none-s0-final-paper_glue "
-            "task=sst2,mrpc,stsb,rte seed=0,1,2,3,4 ") in out, out
-    for task in ("sst2", "mrpc", "stsb", "rte"):
-        assert re.search(rf"^    {task} \(paper_glue\): 15 job\(s\) x \d+ s", out, re.M), out
+    total = sum(left.values())
+    assert (f"finetune: {total} job(s) launched (dry run: printed above, not run)" if total else
+            "finetune: 0 job(s) launched (nothing left to run)") in out, out
+    for task, n in left.items():
+        if n:
+            assert re.search(rf"^    {task} \(paper_glue\): {n} job\(s\) x \d+ s", out, re.M), out
 
 
-def test_table5_at_the_long_run_s_budget_plans_only_its_three_new_arms(restored):
-    out = _run(["-m", "electra_ablate.sweep", "sweep=table5_efficiency", "scale=cpu_long", "dry_run=true"], restored)
+def test_table5_at_the_long_run_s_budget_plans_only_its_three_new_arms(with_check):
+    """table5_efficiency scale=cpu_long: BERT, ELECTRA and random init under cpu_glue are the long run's runs and their
+    finals under paper_glue the protocol check's; what is planned besides is the three new arms' pre-training and,
+    per recipe, their fine-tuning (every fraction under cpu_glue, the finals only under paper_glue)."""
+    home, left = with_check
+    out = _run(["-m", "electra_ablate.sweep", "sweep=table5_efficiency", "scale=cpu_long", "dry_run=true"], home)
     assert "+sweep_variant=all_tokens_mlm,replace_mlm,electra_15 " in out, out
     assert re.search(r"^  pretrain: 3 job\(s\)", out, re.M), out
+    for task in ("cola", *TASKS):
+        # 3 new arms x 6 fractions x 5 seeds under cpu_glue; their finals x 5 seeds (and the check's) under paper_glue
+        assert re.search(rf"^    {task} \(cpu_glue\): 90 job\(s\), 90 of them of checkpoints pre-training has still "
+                         "to save x", out, re.M), out
+        now = left.get(task, 0)
+        assert re.search(rf"^    {task} \(paper_glue\): {15 + now} job\(s\), 15 of them of checkpoints pre-training "
+                         "has still to save x", out, re.M), out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -196,3 +197,23 @@ def test_the_dry_run_prices_each_recipe_s_jobs_by_their_work(store):
         works = [cost.job_work(ctx, final("bert", r), "stsb") for r in ("cpu_glue", "paper_glue")]
     assert works[0][1] == 3 and works[1][1] == 10 and works[0][0] <= works[1][0]
     assert f"{works[1][0]:,} examples x 10 epochs" in whole  # the local data as the job reads it (pairs doubled)
+
+
+def test_a_recipe_may_take_a_subset_of_the_checkpoints(tmp_path, data_dir):
+    """`recipe_checkpoints`: the paper's protocol on the finals only, the cut recipe on every fraction (Table 5 at
+    the long run's budget); the planner, the pricing of checkpoints still to come and the report follow it."""
+    text = TWO_RECIPES.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2]\ncheckpoints: [0.5, 1.0]")
+    ctx = make_context(tmp_path / "subset", data_dir, text + "recipe_checkpoints: {paper_glue: [1.0]}\n")
+    half, end = (Checkpoint("bert", 0, "b" * 32, s, s == 100, s / 100) for s in (50, 100))
+    got = under_recipes(ctx.spec, [half, end])
+    assert [(c.recipe, c.step) for c in got] == [("cpu_glue", 50), ("cpu_glue", 100), ("paper_glue", 100)]
+    state = SimpleNamespace(needs_pretraining=True, run=None, failed=None, job=PretrainJob("bert", 0), max_steps=100)
+    future = cost.future_finetune_jobs(ctx, [state], ["stsb"])
+    assert future == {("stsb", "cpu_glue"): 6, ("stsb", "paper_glue"): 3}  # 2 fractions x 3 seeds; the final x 3
+    for bad, said in (("{paper_glue: [0.25]}", r"recipe_checkpoints.paper_glue=\[0.25\] must be a non-empty list of "
+                                               r"the sweep's checkpoints \[0.5, 1.0\]"),
+                      ("{cola_glue: [1.0]}", r"recipe_checkpoints names 'cola_glue', which is not in recipes")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text + f"recipe_checkpoints: {bad}\n")
+        with pytest.raises(SweepError, match=said):
+            load_sweep(path)

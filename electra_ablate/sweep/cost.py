@@ -251,22 +251,27 @@ def job_work(ctx: SweepContext, ckpt: Checkpoint, task: str) -> tuple[int, int] 
     return len(data["train"]), int(task_cfg.epochs)
 
 
-def future_finetune_jobs(ctx: SweepContext, states: Sequence[PretrainState], tasks: Sequence[str]) -> dict[str, int]:
-    """Fine-tuning jobs, by task, of the checkpoints the pre-training still to run will save (and of the
+def future_finetune_jobs(ctx: SweepContext, states: Sequence[PretrainState],
+                         tasks: Sequence[str]) -> dict[tuple[str, str | None], int]:
+    """Fine-tuning jobs, by (task, recipe), of the checkpoints the pre-training still to run will save (and of the
     random-init arms shaped like a run that has saved none yet: plan.random_init_checkpoints), under each of the
-    sweep's recipes."""
-    per_task = 0
-    for state in (s for s in states if s.needs_pretraining):
-        saved = {c.fraction for c in saved_so_far(state, ctx.spec.checkpoints)}
-        per_task += sum(1 for f in ctx.spec.checkpoints if f not in saved) * len(ctx.spec.seeds)
-        if not saved:
-            per_task += sum(1 for v in ctx.spec.variants if v.random_init_of == state.job.variant) * len(ctx.spec.seeds)
-    per_task *= max(len(ctx.spec.recipes), 1)
-    return {t: per_task for t in tasks} if per_task else {}
+    sweep's recipes (those of `recipe_checkpoints` at the fractions they take)."""
+    spec = ctx.spec
+    out: dict[tuple[str, str | None], int] = {}
+    for recipe in spec.recipes or (None,):
+        per_task = 0
+        for state in (s for s in states if s.needs_pretraining):
+            saved = {c.fraction for c in saved_so_far(state, spec.checkpoints)}
+            per_task += sum(1 for f in spec.checkpoints if f not in saved and spec.fine_tunes(recipe, f)) * len(spec.seeds)
+            if not saved and spec.fine_tunes(recipe, 1.0):
+                shaped = sum(1 for v in spec.variants if v.random_init_of == state.job.variant)
+                per_task += shaped * len(spec.seeds)
+        out.update({(t, recipe): per_task for t in tasks if per_task})
+    return out
 
 
 def finetune_cost(ctx: SweepContext, client, todo: Sequence[tuple[Checkpoint, str, int]],
-                  future: dict[str, int]) -> PhaseCost:
+                  future: dict[tuple[str, str | None], int]) -> PhaseCost:
     """Each task's jobs x the median wall time of its finished runs; where the sweep lists several recipes, each
     recipe's jobs of a task apart, priced by their work (examples x epochs) at the finished runs' median seconds
     per example and epoch, since recipes differ in exactly that."""
@@ -276,7 +281,7 @@ def finetune_cost(ctx: SweepContext, client, todo: Sequence[tuple[Checkpoint, st
     for task in ctx.spec.tasks:
         for recipe in recipes:
             mine = [c for c, t, _ in todo if t == task and c.recipe == recipe]
-            now, later = len(mine), future.get(task, 0) // len(recipes)
+            now, later = len(mine), future.get((task, recipe), 0)
             if not now + later:
                 continue
             jobs += now + later

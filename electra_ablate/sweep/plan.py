@@ -159,7 +159,8 @@ def under_recipes(spec: SweepSpec, checkpoints: Sequence[Checkpoint],
     `recipes` fine-tunes them as they are, under its variants' own fine-tuning overrides."""
     if not spec.recipes:
         return list(checkpoints)
-    return [c._replace(recipe=r) for r in (spec.recipes if recipes is None else recipes) for c in checkpoints]
+    return [c._replace(recipe=r) for r in (spec.recipes if recipes is None else recipes) for c in checkpoints
+            if spec.fine_tunes(r, 1.0 if c.random_init else c.fraction)]
 
 
 def matches(done: Mapping[FinetuneKey, list], key: FinetuneKey,

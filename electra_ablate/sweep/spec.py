@@ -42,6 +42,8 @@ TOP_KEYS = {
                "fine-tunes fewer checkpoints of another sweep's runs keeps that sweep's (they are in its runs' identity)",
     "recipes": "fine-tuning recipes (conf/recipe/) every checkpoint is fine-tuned under, the report side by side; "
                "default: the one the `finetune` overrides name. The first one's runs are those of a sweep of it alone",
+    "recipe_checkpoints": "recipe -> the fractions of `checkpoints` it fine-tunes (default: all of them), so a costly "
+                          "recipe can take the finals only",
     "base": "a sweep this file is read over (its keys merged over that sweep's, `name` its own): a second look at "
             "another sweep's runs, e.g. under other recipes",
     "pretrain": "overrides for every pre-training job",
@@ -91,6 +93,8 @@ class SweepSpec:
     notes: str = ""
     exports: tuple[float, ...] = ()  # fractions < 1 pre-training saves (load_sweep: `exports`, else checkpoints < 1)
     recipes: tuple[str, ...] = ()  # several fine-tuning recipes (conf/recipe/), the first the main one; () = one
+    # recipe -> the fractions of `checkpoints` it fine-tunes, where it takes fewer than all (`recipe_checkpoints`)
+    recipe_checkpoints: tuple[tuple[str, tuple[float, ...]], ...] = ()
     experiment: str = ""  # the MLflow experiment (load_sweep sets it; the sweep's name unless the file names another)
     # The report's file stem: the sweep's name at its default scale, `<name>_<scale>` at any other, so that the
     # reports of one sweep at two scales (a committed CPU report, a user's GPU run) sit side by side.
@@ -99,6 +103,11 @@ class SweepSpec:
     @property
     def scale_name(self) -> str:
         return self.scale or "default"
+
+    def fine_tunes(self, recipe: str | None, fraction: float | None) -> bool:
+        """Whether `recipe` fine-tunes the checkpoint at `fraction` (None: a `pretrained` model, taken as final)."""
+        subset = dict(self.recipe_checkpoints).get(recipe)
+        return subset is None or (1.0 if fraction is None else fraction) in subset
 
     def variant(self, label: str) -> Variant:
         for v in self.variants:
@@ -245,6 +254,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
     report_name = name_ if not scales or scale == raw.get("default_scale") else f"{name_}_{scale}"
     exports = _exports(raw.get("exports"), checkpoints, where)
     recipes = _recipes(raw.get("recipes"), where)
+    subsets = _recipe_checkpoints(raw.get("recipe_checkpoints"), recipes, checkpoints, where)
     return SweepSpec(
         name=name_,
         experiment=experiment,
@@ -263,6 +273,7 @@ def load_sweep(name: str | Path, scale: str | None = None) -> SweepSpec:
         variants=tuple(variants),
         exports=exports,
         recipes=recipes,
+        recipe_checkpoints=subsets,
     )
 
 
@@ -292,6 +303,25 @@ def _recipes(raw, where: str) -> tuple[str, ...]:
     if unknown:
         raise SweepError(f"{where}: recipes names {unknown}, which are not in conf/recipe/; known: {known}")
     return tuple(values)
+
+
+def _recipe_checkpoints(raw, recipes: tuple[str, ...], checkpoints: tuple[float, ...],
+                        where: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """recipe -> the fractions of `checkpoints` it fine-tunes: a subset of them, of a recipe the sweep lists."""
+    if not raw:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise SweepError(f"{where}: recipe_checkpoints={raw!r} must map a recipe to fractions, e.g. {{paper_glue: [1.0]}}")
+    out = []
+    for recipe, fractions in raw.items():
+        if recipe not in recipes:
+            raise SweepError(f"{where}: recipe_checkpoints names {recipe!r}, which is not in recipes={list(recipes)}")
+        values = list(fractions) if isinstance(fractions, (list, tuple)) else [fractions]
+        if not values or not all(isinstance(f, (int, float)) and float(f) in checkpoints for f in values):
+            raise SweepError(f"{where}: recipe_checkpoints.{recipe}={fractions!r} must be a non-empty list of the "
+                             f"sweep's checkpoints {list(checkpoints)}")
+        out.append((recipe, tuple(sorted(float(f) for f in values))))
+    return tuple(out)
 
 
 def _variants(raw: dict, where: str) -> list[Variant]:
