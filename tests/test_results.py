@@ -141,7 +141,7 @@ def test_a_round_trip_plans_nothing_renders_the_same_report_and_exports_the_same
     metrics = pd.read_csv(bundle_dir / "metrics.csv.gz")
     assert sorted(metrics[metrics["key"] == "train/loss"]["step"]) == [10, 10, 20, 20, 30, 30]
     tags = pd.read_csv(bundle_dir / "tags.csv.gz", keep_default_na=False)
-    assert tags[tags["key"] == "checkpoint_path"]["value"].str.startswith("${store}/pretrain/mini/").all()
+    assert tags[tags["key"] == "checkpoint_path"]["value"].str.startswith("$ELECTRA_ABLATE_HOME/pretrain/mini/").all()
     assert len(pd.read_csv(bundle_dir / "predictions.csv.gz")) == 18 * 40
     # The same store gives the same bytes.
     again = files.write(export(ctx, client, str(data_dir)), tmp_path / "again")

@@ -10,8 +10,9 @@ exports the runs came from and the SHA-256 of every table.
     predictions.csv.gz run_id, split, index, label, prediction: each fine-tuning run's dev predictions as logged
 
 Every value is kept as the text MLflow holds (floats as Python's shortest round-trip repr), so a table read back
-gives the same numbers to the bit. Paths below the store and the checkout are written as `${store}` and
-`${checkout}`, so a bundle does not depend on where its store lay. Rows are sorted and the gzip streams carry no
+gives the same numbers to the bit. Paths below the store, the checkout and the data folder are written as
+`$ELECTRA_ABLATE_HOME`, `$ELECTRA_ABLATE_ROOT` and `$ELECTRA_ABLATE_DATA`, so a bundle does not depend on where its
+store lay. Rows are sorted and the gzip streams carry no
 name or time: the same runs give the same bytes. No weights: the manifest lists the exported networks the runs
 were fine-tuned from, relative to their store.
 

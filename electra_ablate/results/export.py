@@ -34,12 +34,14 @@ TAG_PARTIAL = "bundle.partial"  # on a run an import is still writing: removed l
 TAG_PARENT = "mlflow.parentRunId"
 OWN_TAGS = (TAG_SOURCE_RUN, TAG_PARTIAL)
 RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
+# How a bundle writes the folders a store records, by the variables that set them (conf/paths/default.yaml).
+STORE, CHECKOUT, DATA = "$ELECTRA_ABLATE_HOME", "$ELECTRA_ABLATE_ROOT", "$ELECTRA_ABLATE_DATA"
 
 
 def placeholders(ctx: SweepContext, data_dir: str | None = None) -> dict[str, str]:
     """Absolute paths a store records -> the names a bundle writes instead (the longest first when applied)."""
     out = {}
-    for name, path in (("${store}", ctx.output_root), ("${checkout}", REPO_ROOT), ("${data}", data_dir)):
+    for name, path in ((STORE, ctx.output_root), (CHECKOUT, REPO_ROOT), (DATA, data_dir)):
         if path:
             for form in {str(Path(path)), str(Path(path).resolve())}:
                 out[form] = name

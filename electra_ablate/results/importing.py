@@ -183,7 +183,7 @@ def _write_run(raw, experiment_id: str, rid: str, info: pd.Series, params, tags,
 
 def import_bundle(bundle: Bundle, client, experiment: str, output_root: Path, paths: dict[str, str]) -> Imported:
     """Merge `bundle` into `experiment` of `client`'s store; `paths` maps the bundle's placeholders to this
-    machine's folders (${store}, ${checkout}, ${data})."""
+    machine's folders (results.export.placeholders, the other way)."""
     exp = client.get_experiment_by_name(experiment)
     experiment_id = exp.experiment_id
     lock = tracking_store.store_lock(client.tracking_uri)
