@@ -137,7 +137,9 @@ def collect(ctx: SweepContext, client, recipe: str | None = None) -> SweepData:
 
     hashes = finetune_hashes(ctx, every) if checkpoints and spec.tasks and spec.seeds else {}
     sweeps_own = _by_key(spec, every, hashes)
-    available = available_tasks(ctx) if spec.tasks else None  # None: the HF loader, every task can run
+    # None: the HF loader, every task can run; and a report rendered from a results bundle does not depend on the
+    # reader's data folder: a job without a run is missing there, whatever data this machine has.
+    available = available_tasks(ctx) if spec.tasks and not ctx.bundle else None
     no_data: dict[str, list[str]] = {}  # task without local data -> its missing jobs' lines
     records = []
     predictions: dict[str, mb.RunPredictions | None] = {}
