@@ -28,20 +28,9 @@ from electra_ablate.sweep.jobs import Checkpoint, PretrainJob
 from electra_ablate.sweep.plan import finetune_hashes, finetune_plan, missing_exports, pretrain_states, under_recipes
 from electra_ablate.sweep.provenance import process
 from electra_ablate.tracking import runs as tracking
+from test_recipes import TWO_RECIPES
 
-SWEEP = """
-name: mini
-paper: table5_efficiency
-baseline: bert
-tasks: [cola, stsb]
-seeds: [0, 1, 2]
-pretrain: {model: tiny, trainer.max_steps: 100}
-finetune: {recipe: cpu_glue}
-variants:
-  electra: {objective: electra}
-  bert: {objective: bert}
-recipes: [cpu_glue, paper_glue]
-"""
+SWEEP = TWO_RECIPES  # two arms, CoLA and STS-B, 3 seeds, under cpu_glue and paper_glue
 SCORES = {"electra": {"cola": [10, 11, 12], "stsb": [60, 61, 62]}, "bert": {"cola": [12, 13, 14], "stsb": [30, 31, 32]}}
 DATED = re.compile(r"^Sweep `mini`.*do not edit by hand\.$", re.M)
 

@@ -4,6 +4,10 @@ anything (report/predictions.py); failed and missing jobs as one line each (a ta
 never ran: the task once, as skipped); pre-training FLOPs at each checkpoint counted as the paper does
 (electra_ablate.models.flops).
 
+Note 1: a task without local GLUE data is *skipped* only in a report read from a store (the HF loader has every
+task); one rendered from a results bundle does not depend on the reader's data folder, so there a job without a
+run is missing whatever data the machine has.
+
 A finished run whose score is undefined (NaN: the Spearman correlation of constant STS-B predictions) is a
 degenerate run, not a failure: it counts with score 0 (no ranking information, as one class gets an MCC of
 0), so that dropping it cannot raise its arm's median.
@@ -137,9 +141,7 @@ def collect(ctx: SweepContext, client, recipe: str | None = None) -> SweepData:
 
     hashes = finetune_hashes(ctx, every) if checkpoints and spec.tasks and spec.seeds else {}
     sweeps_own = _by_key(spec, every, hashes)
-    # None: the HF loader, every task can run; and a report rendered from a results bundle does not depend on the
-    # reader's data folder: a job without a run is missing there, whatever data this machine has.
-    available = available_tasks(ctx) if spec.tasks and not ctx.bundle else None
+    available = available_tasks(ctx) if spec.tasks and not ctx.bundle else None  # None: any task can run (note 1)
     no_data: dict[str, list[str]] = {}  # task without local data -> its missing jobs' lines
     records = []
     predictions: dict[str, mb.RunPredictions | None] = {}

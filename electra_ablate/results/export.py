@@ -60,7 +60,7 @@ def sweep_runs(ctx: SweepContext, client) -> list:
     exp = client.get_experiment_by_name(ctx.experiment)
     if exp is None:
         return []
-    every = _search(client, exp.experiment_id)
+    every = every_run(client, exp.experiment_id)
     wanted = _grid_hashes(ctx, client)
     keep = {r.info.run_id: r for r in every if r.data.tags.get(tracking.TAG_CONFIG_HASH) in wanted}
     records = {r.info.run_id: r for r in every if r.data.tags.get(tracking.TAG_KIND) == "sweep"}
@@ -80,10 +80,11 @@ def running_left_out(ctx: SweepContext, client) -> int:
         return 0
     wanted = _grid_hashes(ctx, client)
     return sum(r.info.status == "RUNNING" and r.data.tags.get(tracking.TAG_CONFIG_HASH) in wanted
-               for r in _search(client, exp.experiment_id))
+               for r in every_run(client, exp.experiment_id))
 
 
-def _search(client, experiment_id: str) -> list:
+def every_run(client, experiment_id: str) -> list:
+    """Every active run of an experiment, page by page."""
     out, token = [], None
     while True:
         page = client.search_runs([experiment_id], max_results=1000, page_token=token)
@@ -125,7 +126,7 @@ def _history(client, run) -> Iterable[tuple]:
             yield key, str(int(m.step)), str(int(m.timestamp)), repr(float(m.value))
 
 
-def _predictions(client, run) -> pd.DataFrame | None:
+def run_predictions(client, run) -> pd.DataFrame | None:
     """The run's dev predictions artifact as logged (every cell text), or None."""
     uri = urlparse(run.info.artifact_uri or "")
     if uri.scheme in ("", "file"):
@@ -162,7 +163,7 @@ def export(ctx: SweepContext, client, data_dir: str | None = None) -> Bundle:
         rows["params"] += [(rid, k, portable_text(v, paths, ids)) for k, v in run.data.params.items()]
         rows["tags"] += [(rid, k, portable_text(v, paths, ids)) for k, v in tags.items() if k not in OWN_TAGS]
         rows["metrics"] += [(rid, *point) for point in _history(client, run)]
-        preds = _predictions(client, run) if tags.get(tracking.TAG_KIND) == "finetune" else None
+        preds = run_predictions(client, run) if tags.get(tracking.TAG_KIND) == "finetune" else None
         if preds is not None:
             rows["predictions"] += [(rid, *row) for row in preds[["split", "index", "label", "prediction"]]
                                     .itertuples(index=False, name=None)]

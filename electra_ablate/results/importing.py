@@ -25,7 +25,7 @@ from mlflow.entities import Metric, Param, RunTag
 
 from electra_ablate.report.predictions import PREDICTIONS_ARTIFACT
 from electra_ablate.results.bundle import Bundle, BundleError
-from electra_ablate.results.export import TAG_PARTIAL, _predictions, read_predictions_tsv
+from electra_ablate.results.export import TAG_PARTIAL, every_run, run_predictions, read_predictions_tsv
 from electra_ablate.sweep.provenance import process_gone
 from electra_ablate.tracking import runs as tracking
 from electra_ablate.tracking import store as tracking_store
@@ -62,7 +62,7 @@ def _results_of_bundle(bundle: Bundle, run_id: str, metrics: pd.DataFrame, preds
 
 
 def _results_of_store(client, run) -> tuple:
-    found = _predictions(client, run) if run.data.tags.get(tracking.TAG_KIND) == "finetune" else None
+    found = run_predictions(client, run) if run.data.tags.get(tracking.TAG_KIND) == "finetune" else None
     return run.info.status, dict(run.data.metrics), _digest(found) if found is not None else None
 
 
@@ -103,13 +103,7 @@ def live_writers(client, experiment: str, output_root: Path) -> list[str]:
 
 def _plan(bundle: Bundle, client, experiment_id: str) -> tuple[dict[str, str], list[str]]:
     """{bundle run id: store run id} of the runs already there, and the new ones; raises on a conflict."""
-    every, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
-        every += list(page)
-        token = page.token
-        if not token:
-            break
+    every = every_run(client, experiment_id)
     by_id = {r.info.run_id: r for r in every}  # OriginClient: an imported run under its original id
     finished = {}
     for r in every:
